@@ -1,0 +1,153 @@
+"""Is a candidate a new record? A one-sided Welch t-test on per-seed val_loss.
+
+    python records/compare.py records/track_cpu/2026-02-01_Candidate records/track_cpu/2026-01-01_Baseline
+    python records/compare.py 2.5012,2.5031,2.4998 2.5124,2.5140,2.5101
+
+Each side is a record folder (its submission.json's per-seed val_loss, which check_record.py ties to
+the logs) or comma-separated per-seed val_loss values. The challenge's rule: the candidate's mean
+val_loss must be lower than the best's by at least MARGIN nats (0.005) with p < ALPHA (0.01).
+H0: mean(best) - mean(candidate) <= margin; H1: it is larger. Welch's test, since nothing makes two
+setups' seed-to-seed variances equal. It also says how many candidate seeds would reach p < alpha
+if the observed means and stds held, which is an estimate for planning, not a promise.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from scipy import stats
+
+MARGIN_NATS = 0.005
+ALPHA = 0.01
+MAX_SEEDS = 1000
+
+
+@dataclass
+class Sample:
+    label: str
+    losses: list
+
+    @property
+    def n(self) -> int:
+        return len(self.losses)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.losses)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.losses)
+
+
+@dataclass
+class Comparison:
+    candidate: Sample
+    best: Sample
+    margin: float
+    alpha: float
+    improvement: float  # mean(best) - mean(candidate), nats
+    t: float
+    df: float
+    p: float
+    significant: bool
+    seeds_needed: int | None  # candidate seeds for p < alpha at the observed means/stds, best's n fixed
+    seeds_needed_both: int | None  # the same with n seeds on both sides
+
+
+def load_sample(spec: str) -> Sample:
+    """A record folder, a submission.json, or comma-separated val_loss values."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "submission.json"
+    if path.is_file():
+        sub = json.loads(path.read_text())
+        try:
+            losses = [float(r["val_loss"]) for r in sub["results"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SystemExit(f"error: {path} has no per-seed results[].val_loss ({e}); make it with "
+                             f"records/make_record.py") from None
+        return Sample(path.parent.name, losses)
+    try:
+        losses = [float(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"error: {spec!r} is neither a record folder nor comma-separated numbers "
+                         f"like 2.5012,2.5031,2.4998") from None
+    return Sample("values", losses)
+
+
+def welch_p(mean_best, std_best, n_best, mean_cand, std_cand, n_cand, margin):
+    """One-sided Welch test of mean_best - mean_cand > margin from summary statistics."""
+    result = stats.ttest_ind_from_stats(mean_best - margin, std_best, n_best, mean_cand, std_cand, n_cand,
+                                        equal_var=False, alternative="greater")
+    return result.statistic, result.pvalue
+
+
+def seeds_needed(candidate: Sample, best: Sample, margin: float, alpha: float, both_sides: bool) -> int | None:
+    """Smallest n at which the observed means and stds would give p < alpha. A search, since p is
+    not monotone in the candidate's n alone: Welch's df falls towards the best's n - 1."""
+    if best.mean - candidate.mean <= margin:
+        return None  # no number of seeds makes an improvement below the margin significant
+    for n in range(2, MAX_SEEDS + 1):
+        n_best = n if both_sides else best.n
+        _, p = welch_p(best.mean, best.std, n_best, candidate.mean, candidate.std, n, margin)
+        if p < alpha:
+            return n
+    return None
+
+
+def compare(candidate: Sample, best: Sample, margin=MARGIN_NATS, alpha=ALPHA) -> Comparison:
+    for sample in (candidate, best):
+        if sample.n < 2:
+            raise ValueError(f"{sample.label}: {sample.n} seed(s); a t-test needs at least 2 per side (3 is usual)")
+    if candidate.std == 0 and best.std == 0:
+        raise ValueError("both sides have zero spread across seeds; the t-test is undefined (are the seeds really "
+                         "different runs?)")
+    # scipy's test of mean(a) - mean(b) > 0; shifting the best by the margin tests the margin.
+    result = stats.ttest_ind([x - margin for x in best.losses], candidate.losses, equal_var=False,
+                             alternative="greater")
+    return Comparison(candidate, best, margin, alpha, best.mean - candidate.mean, float(result.statistic),
+                      float(result.df), float(result.pvalue), bool(result.pvalue < alpha),
+                      seeds_needed(candidate, best, margin, alpha, both_sides=False),
+                      seeds_needed(candidate, best, margin, alpha, both_sides=True))
+
+
+def report(c: Comparison) -> str:
+    lines = [f"{'':10} {'n':>3} {'mean val_loss':>14} {'std':>10}  source"]
+    for role, s in (("candidate", c.candidate), ("best", c.best)):
+        lines.append(f"{role:10} {s.n:>3} {s.mean:>14.6f} {s.std:>10.6f}  {s.label}")
+    lines += [
+        f"improvement {c.improvement:+.6f} nats (needs > {c.margin})",
+        f"Welch t = {c.t:.3f}, df = {c.df:.2f}, one-sided p = {c.p:.4g}",
+        f"verdict: {'SIGNIFICANT' if c.significant else 'not significant'} at p < {c.alpha}",
+    ]
+    if c.improvement <= c.margin:
+        lines.append(f"seeds needed: none would do; the observed improvement is not above {c.margin} nats")
+    else:
+        fixed = (f"{c.seeds_needed} candidate seeds against the best's {c.best.n}" if c.seeds_needed else
+                 f"none up to {MAX_SEEDS} candidate seeds against the best's {c.best.n} (its spread limits the test)")
+        both = f"{c.seeds_needed_both} on each side" if c.seeds_needed_both else f"over {MAX_SEEDS} on each side"
+        lines.append(f"seeds needed at the observed means and stds: {fixed}; {both}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("candidate", help="record folder, submission.json, or val_losses like 2.50,2.51,2.49")
+    parser.add_argument("best", help="the current best, in the same forms")
+    parser.add_argument("--margin", type=float, default=MARGIN_NATS, help="required improvement in nats")
+    parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
+    args = parser.parse_args(argv)
+    try:
+        c = compare(load_sample(args.candidate), load_sample(args.best), args.margin, args.alpha)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(report(c))
+    return 0 if c.significant else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

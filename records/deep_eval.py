@@ -1,0 +1,85 @@
+"""Re-score a record's model file with the record's own train_gpt.py (check_record.py --deep).
+
+The record's script is imported by path (its top level has no side effects), so the model is built,
+loaded and evaluated by exactly the code that produced the claim. It needs from that script:
+Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, load_tokenizer_luts(path,
+vocab_size), load_validation_tokens(pattern, seq_len), Layout(...) and evaluate(model, val_tokens,
+luts, hp, layout) -> (val_loss, val_bpb).
+"""
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from runlog import RECORDS_DIR
+
+
+class DeepCheckUnavailable(RuntimeError):
+    """The deep check cannot run here (no data, no torch, an incompatible script); not a problem of the record."""
+
+
+def import_script(script_path: Path):
+    digest = hashlib.sha256(script_path.read_bytes()).hexdigest()[:16]
+    name = f"record_train_gpt_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, script_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        del sys.modules[name]
+        raise DeepCheckUnavailable(f"cannot import {script_path}: {e}") from e
+    return module
+
+
+def resolve_input(value, override, what: str) -> str:
+    """The override, or the logged path, tried as given and from the repository root."""
+    if override is not None:
+        candidates = [Path(override)]
+    else:
+        candidates = [Path(value)] if Path(value).is_absolute() else [Path(value), RECORDS_DIR.parent / value]
+    found = next((p for p in candidates if p.exists()), None)
+    if found is None:
+        raise DeepCheckUnavailable(f"{what} {candidates[0]} not found; pass --{what.lower().replace('_', '-')}")
+    return str(found)
+
+
+def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_logged: dict,
+                      data_path=None, tokenizer_path=None, cpu_threads=None) -> tuple[float, float]:
+    """(val_loss, val_bpb) of the model file, evaluated in this process by the record's script;
+    on CPU with the run's thread count (more threads than cores crawl on a busy machine)."""
+    mod = import_script(Path(script_path))
+    import torch
+
+    threads_before = torch.get_num_threads()
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path):
+
+    names = {f.name for f in dataclasses.fields(mod.Hyperparameters)}
+    hp = mod.Hyperparameters(**{k: v for k, v in hyperparameters.items() if k in names})
+    hp.data_path = resolve_input(hp.data_path, data_path, "data_path")
+    hp.tokenizer_path = resolve_input(hp.tokenizer_path, tokenizer_path, "tokenizer_path")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # One process doing the work of world_size x grad_accum_steps: same per-forward batch as the run.
+    accum = int(layout_logged.get("world_size", 1)) * int(layout_logged.get("grad_accum_steps", 1))
+    same_device = layout_logged.get("device") == device.type
+    use_bf16 = same_device and str(layout_logged.get("bf16")) == "True"
+    layout = mod.Layout(rank=0, world_size=1, local_rank=0, distributed=False, device=device,
+                        grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
+    luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
+    val_tokens = mod.load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
+    model = mod.GPT(hp).to(device)
+    model.load_state_dict(mod.load_artifact(model_path), strict=True)
+    return mod.evaluate(model, val_tokens, luts, hp, layout)

@@ -1,0 +1,430 @@
+"""records/: make, check, compare and summarize. A real tiny run (made here, on the conftest data)
+goes through make -> check -> tamper -> check; synthetic logs in the exact log format cover the
+rules a tiny run cannot reach (16 MB caps, 10-minute limits, 8xH100 hardware)."""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "records"))
+
+import check_record  # noqa: E402
+import compare  # noqa: E402
+import make_record  # noqa: E402
+import runlog  # noqa: E402
+import summarize  # noqa: E402
+
+TRACKS = runlog.load_tracks()
+
+# ---- SYNTHETIC LOGS ----
+
+FAKE_SOURCE = b'''"""A stand-in train_gpt.py: only its bytes and its defaults matter to the records tools."""
+from dataclasses import dataclass
+
+
+@dataclass
+class Hyperparameters:
+    data_path: str = "./data/datasets/fineweb10B_sp1024"
+    tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"
+    run_id: str = ""
+    seed: int = 1337
+    iterations: int = 20_000
+    train_batch_tokens: int = 524_288
+    num_layers: int = 9
+    matrix_lr: float = 0.04
+'''
+FAKE_DEFAULTS = dict(data_path="./data/datasets/fineweb10B_sp1024", tokenizer_path="./data/tokenizers/fineweb_1024_bpe.model",
+                     run_id="", seed=1337, iterations=20_000, train_batch_tokens=524_288, num_layers=9, matrix_lr=0.04)
+H100 = "cuda: 8x NVIDIA H100 80GB HBM3"
+
+
+def write_log(path: Path, *, source=FAKE_SOURCE, settings=None, val_loss=2.05, val_bpb=1.2144,
+              model_bytes=15_000_000, train_time_ms=599_500.0, steps=None, hardware=H100, device="cuda",
+              family="int8_zlib", sliding=None, eval_time_ms=1500.0, finished=True, val_every=0) -> Path:
+    """A log in train_gpt.py's format; `settings` are the env vars the command set, e.g. {"SEED": "7"}."""
+    settings = {"RUN_ID": path.stem, **(settings or {})}
+    hp = dict(FAKE_DEFAULTS)
+    for name, value in settings.items():
+        default = FAKE_DEFAULTS[name.lower()]
+        hp[name.lower()] = type(default)(value)
+    iterations = hp["iterations"]
+    steps = iterations if steps is None else steps
+    step_avg = train_time_ms / steps
+    lines = ["versions: python:3.11.7 torch:2.13.0", f"hardware: {hardware}",
+             "command: " + " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+             + " torchrun --standalone --nproc_per_node=8 train_gpt.py",
+             f"hyperparameters: {json.dumps(hp)}",
+             f"world_size:8 grad_accum_steps:1 device:{device} compile:True bf16:True", "model_params:17059912"]
+    for step in range(0, steps, val_every or steps):
+        lines.append(f"step:{step}/{iterations} val_loss:{val_loss + 1 / (step + 1):.4f} "
+                     f"val_bpb:{val_bpb + 0.5 / (step + 1):.4f} train_time:{step * step_avg:.0f}ms step_avg:{step_avg:.2f}ms")
+    lines.append(f"step:{steps}/{iterations} train_loss:{val_loss:.4f} train_time:{train_time_ms:.0f}ms "
+                 f"step_avg:{step_avg:.2f}ms tok/s:12000000 mfu:41.2%")
+    lines.append(f"step:{steps}/{iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+                 f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms")
+    if steps < iterations:
+        lines.append(f"stopping_early: wallclock_cap train_time:{train_time_ms:.0f}ms step:{steps}/{iterations}")
+    if finished:
+        label = family.replace("_", "+")
+        model_sha = hashlib.sha256(f"{path.stem}:{model_bytes}".encode()).hexdigest()
+        lines += [f"Serialized model {label}: {model_bytes} bytes", f"Code size: {len(source)} bytes",
+                  f"Total submission size {label}: {model_bytes + len(source)} bytes",
+                  f"artifact: logs/{path.stem}_model.ptz bytes:{model_bytes} sha256:{model_sha}",
+                  f"final_{family}_roundtrip val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{eval_time_ms:.0f}ms",
+                  f"final_{family}_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}"]
+        if sliding is not None:
+            lines += [f"final_{family}_sliding_window val_loss:{sliding[0]:.4f} val_bpb:{sliding[1]:.4f} eval_time:90000ms",
+                      f"final_{family}_sliding_window_exact val_loss:{sliding[0]:.8f} val_bpb:{sliding[1]:.8f}"]
+    header = f"==== train_gpt.py source bytes:{len(source)} sha256:{hashlib.sha256(source).hexdigest()} ====\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header.encode() + source + b"\n==== end of source ====\n" + "\n".join(lines).encode() + b"\n")
+    return path
+
+
+def seed_logs(tmp_path, seeds=(1, 2, 3), losses=(2.050, 2.052, 2.048), **kwargs) -> list[Path]:
+    return [write_log(tmp_path / "logs" / f"run_seed{s}.txt", settings={"SEED": str(s)}, val_loss=loss,
+                      val_bpb=loss / 1.69, **kwargs) for s, loss in zip(seeds, losses)]
+
+
+def make(logs, tmp_path, track="track_10min_16mb", short_name="Test", **kwargs) -> Path:
+    argv = [*map(str, logs), "--track", track, "--name", "Test Record", "--short-name", short_name,
+            "--author", "Ada Lovelace", "--github-id", "ada", "--blurb", "A record made by the tests.",
+            "--date", "2026-01-02", "--records-dir", str(tmp_path / "records")]
+    argv += [f"--{k.replace('_', '-')}" for k, v in kwargs.items() if v is True]
+    make_record.main(argv)
+    return tmp_path / "records" / track / f"2026-01-02_{short_name}"
+
+
+def forge(logs, tmp_path, track="track_10min_16mb") -> Path:
+    """A record folder assembled by hand, as a user might, without make's refusal of bad runs."""
+    runs = [runlog.parse_log(p) for p in logs]
+    args = make_record.argparse.Namespace(author="Ada", github_id="ada", name="Forged", blurb="By hand.",
+                                          date="2026-01-02", track=track)
+    folder = tmp_path / "records" / track / "2026-01-02_Forged"
+    folder.mkdir(parents=True)
+    (folder / "train_gpt.py").write_bytes(runs[0].source)
+    for p in logs:
+        shutil.copyfile(p, folder / p.name)
+    sub = make_record.submission_for(runs, args, runs[0].source)
+    (folder / "submission.json").write_text(json.dumps(sub, indent=2))
+    (folder / "README.md").write_text(make_record.readme_for(runs, sub))
+    return folder
+
+
+def edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def only_problem(problems: list[str], pattern: str) -> str:
+    assert len(problems) == 1 and re.search(pattern, problems[0]), problems
+    return problems[0]
+
+
+# ---- THE LOG PARSER ----
+
+
+def test_parser_reads_every_interface_line(tmp_path):
+    log = write_log(tmp_path / "a.txt", settings={"SEED": "7", "NUM_LAYERS": "11"}, steps=13780,
+                    train_time_ms=600_038.0, val_every=5000)
+    run = runlog.parse_log(log)
+    assert run.source == FAKE_SOURCE and run.seed == 7 and run.hyperparameters["num_layers"] == 11
+    assert run.env == {"NUM_LAYERS": "11", "RUN_ID": "a", "SEED": "7"}
+    assert (run.last_step, run.iterations, run.train_time_ms) == (13780, 20000, 600_038.0)
+    assert run.stopping_early["train_time_ms"] == 600_038.0
+    assert run.steps[-2]["mfu_pct"] == 41.2 and run.steps[-2]["tok/s"] == 12_000_000
+    assert [step for step, _, _ in run.val_curve] == [0, 5000, 10000, 13780]
+    assert (run.score_name, run.val_loss, run.eval_time_ms) == ("int8_zlib_roundtrip_exact", 2.05, 1500.0)
+    assert (run.export_family, run.code_bytes, run.total_bytes) == ("int8+zlib", len(FAKE_SOURCE),
+                                                                     15_000_000 + len(FAKE_SOURCE))
+
+
+def test_score_is_the_sliding_window_line_when_present(tmp_path):
+    run = runlog.parse_log(write_log(tmp_path / "a.txt", family="int6_lzma", sliding=(1.98, 1.1725)))
+    assert run.score_name == "int6_lzma_sliding_window_exact" and run.val_bpb == 1.1725
+    assert run.roundtrip_val_bpb == 1.2144  # still shown by summarize
+    assert run.export_family == "int6+lzma" and run.eval_time_ms == 90_000.0
+
+
+def test_parser_rejects_a_log_whose_source_was_edited(tmp_path):
+    log = write_log(tmp_path / "a.txt")
+    log.write_bytes(log.read_bytes().replace(b"num_layers: int = 9", b"num_layers: int = 8"))
+    with pytest.raises(runlog.LogError, match="does not match its header"):
+        runlog.parse_log(log)
+
+
+# ---- CHECK, ON SYNTHETIC RECORDS ----
+
+
+def test_a_valid_synthetic_record_passes(tmp_path):
+    folder = make(seed_logs(tmp_path), tmp_path)
+    assert check_record.check_folder(folder) == []
+    sub = json.loads((folder / "submission.json").read_text())
+    assert sub["seeds"] == [1, 2, 3] and sub["val_loss"] == pytest.approx(2.05, abs=1e-9)
+    assert sub["bytes_code"] == len(FAKE_SOURCE) == (folder / "train_gpt.py").stat().st_size
+
+
+def test_check_catches_an_oversized_artifact(tmp_path):
+    logs = seed_logs(tmp_path, model_bytes=16_000_001 - len(FAKE_SOURCE))
+    only_problem(check_record.check_folder(forge(logs[:1], tmp_path)),
+                 r"16,000,001 bytes exceeds the track_10min_16mb cap of 16,000,000 bytes by 1")
+    with pytest.raises(SystemExit, match="exceeds the track_10min_16mb cap"):
+        make(logs, tmp_path)
+
+
+def test_check_catches_an_over_time_log_and_allows_the_last_step(tmp_path):
+    over = write_log(tmp_path / "logs" / "over.txt", train_time_ms=601_000.0, steps=13780)
+    only_problem(check_record.check_folder(forge([over], tmp_path)), r"train_time 601000ms exceeds .* 600 s")
+    capped = write_log(tmp_path / "logs" / "capped.txt", train_time_ms=600_043.0, steps=13780)  # stopped on the cap
+    assert check_record.check_run(runlog.parse_log(capped), "track_10min_16mb", TRACKS["track_10min_16mb"]) == []
+
+
+def test_check_enforces_track_hardware_and_the_cpu_budget(tmp_path):
+    a100 = runlog.parse_log(write_log(tmp_path / "a100.txt", hardware="cuda: 8x NVIDIA A100-SXM4-80GB"))
+    only_problem(check_record.check_run(a100, "track_10min_16mb", TRACKS["track_10min_16mb"]), "hardware")
+    assert check_record.check_run(a100, "track_non_record_16mb", TRACKS["track_non_record_16mb"]) == []
+    cpu = TRACKS["track_cpu"]
+    ok = {"DATA_PATH": "./data/datasets/sotu_sp1024", "TOKENIZER_PATH": "./data/tokenizers/sotu_1024_bpe.model",
+          "ITERATIONS": str(cpu["max_steps"]), "TRAIN_BATCH_TOKENS": str(cpu["train_batch_tokens"])}
+    two_cores = "cpu: Intel(R) Xeon(R), 2 logical cores, 1 torch threads per process x 2 processes"
+    small = dict(model_bytes=100_000, train_time_ms=1000.0 * cpu["train_time_limit_s"] - 5000, device="cpu",
+                 hardware=two_cores)
+    good = runlog.parse_log(write_log(tmp_path / "good.txt", settings=ok, **small))
+    assert check_record.check_run(good, "track_cpu", cpu) == []
+    wide = runlog.parse_log(write_log(tmp_path / "wide.txt", settings=ok,
+                                      **{**small, "hardware": two_cores.replace("1 torch", "8 torch")}))
+    only_problem(check_record.check_run(wide, "track_cpu", cpu), "shows 16 threads")
+    capped = runlog.parse_log(write_log(tmp_path / "capped.txt", settings=ok, steps=cpu["max_steps"] - 50, **small))
+    only_problem(check_record.check_run(capped, "track_cpu", cpu), "MAX_WALLCLOCK_SECONDS=0")
+    long = runlog.parse_log(write_log(tmp_path / "long.txt", settings={**ok, "ITERATIONS": str(cpu["max_steps"] + 1)},
+                                      **small))
+    assert any("at most" in p for p in check_record.check_run(long, "track_cpu", cpu))
+    fineweb = runlog.parse_log(write_log(tmp_path / "fw.txt", settings={**ok, "DATA_PATH": "./data/fineweb10B_sp1024"},
+                                         **small))
+    only_problem(check_record.check_run(fineweb, "track_cpu", cpu), "DATA_PATH")
+
+
+def test_check_reports_every_problem_not_just_the_first(tmp_path):
+    folder = make(seed_logs(tmp_path), tmp_path)
+    (folder / "README.md").unlink()
+    edit_json(folder / "submission.json", lambda s: s.update(bytes_code=1, val_bpb=1.0, author=""))
+    problems = check_record.check_folder(folder)
+    for pattern in ("README.md: missing", "bytes_code=1", "val_bpb=1.0 but the mean", "author is empty"):
+        assert any(pattern in p for p in problems), (pattern, problems)
+
+
+def test_make_never_overwrites_and_refuses_mixed_or_duplicate_runs(tmp_path):
+    folder = make(seed_logs(tmp_path), tmp_path)
+    before = (folder / "submission.json").read_text()
+    with pytest.raises(SystemExit, match="already exists"):
+        make(seed_logs(tmp_path, losses=(1.0, 1.0, 1.0)), tmp_path)
+    assert (folder / "submission.json").read_text() == before
+    other = write_log(tmp_path / "other" / "x.txt", source=FAKE_SOURCE + b"# changed\n", settings={"SEED": "9"})
+    with pytest.raises(SystemExit, match="differ in source"):
+        make([*seed_logs(tmp_path)[:1], other], tmp_path, short_name="Mixed")
+    twin = write_log(tmp_path / "other" / "twin.txt", settings={"SEED": "1"})
+    with pytest.raises(SystemExit, match="own SEED"):
+        make([*seed_logs(tmp_path)[:1], twin], tmp_path, short_name="Twins")
+    assert not (tmp_path / "records" / "track_10min_16mb" / "2026-01-02_Mixed").exists()
+
+
+# ---- MAKE AND CHECK ON A REAL TINY RUN ----
+
+TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", MLP_MULT="2", TRAIN_SEQ_LEN="64",
+                TRAIN_BATCH_TOKENS="1024", VAL_BATCH_SIZE="8192", ITERATIONS="6", WARMUP_STEPS="0",
+                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0")
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny_data, tmp_path_factory) -> list[Path]:
+    """Two seeds of a real train_gpt.py run on the tiny data; returns their logs."""
+    import train_gpt
+
+    cwd = tmp_path_factory.mktemp("tiny_runs")
+    hparam_names = {f.name.upper() for f in dataclasses.fields(train_gpt.Hyperparameters)}
+    logs = []
+    for seed in (7, 8):
+        env = {k: v for k, v in os.environ.items() if k not in hparam_names}
+        env.update(TINY_ENV, DATA_PATH=str(tiny_data.data_path), TOKENIZER_PATH=str(tiny_data.tokenizer_path),
+                   VOCAB_SIZE=str(tiny_data.vocab_size), SEED=str(seed), RUN_ID=f"tiny_seed{seed}",
+                   OMP_NUM_THREADS="1")
+        proc = subprocess.run([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=cwd,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        logs.append(cwd / "logs" / f"tiny_seed{seed}.txt")
+    return logs
+
+
+@pytest.fixture
+def tiny_record(tiny_runs, tmp_path) -> Path:
+    return make(tiny_runs, tmp_path, track="track_non_record_16mb", copy_artifacts=True)
+
+
+def test_real_run_makes_a_record_that_passes(tiny_record, tiny_runs):
+    assert check_record.check_folder(tiny_record) == []
+    # byte-identical to what ran
+    assert (tiny_record / "train_gpt.py").read_bytes() == (ROOT / "train_gpt.py").read_bytes()
+    sub = json.loads((tiny_record / "submission.json").read_text())
+    for result, log in zip(sub["results"], tiny_runs):  # the claims, read from the logs by a separate regex
+        text = log.read_text()
+        loss, bpb = re.search(r"^final_\w+_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", text, re.M).groups()
+        total = re.search(r"^Total submission size \S+: (\d+) bytes$", text, re.M).group(1)
+        assert (result["val_loss"], result["val_bpb"], result["artifact_bytes"]) == (float(loss), float(bpb), int(total))
+        model = tiny_record / Path(re.search(r"^artifact: (\S+) bytes:", text, re.M).group(1)).name
+        assert result["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert sub["bytes_code"] == len((ROOT / "train_gpt.py").read_bytes())
+    readme = (tiny_record / "README.md").read_text()
+    command = re.search(r"^command: (.*)$", tiny_runs[0].read_text(), re.M).group(1)
+    assert command in readme and "SEED=7" in command and f"{sub['val_bpb']:.4f}" in readme
+
+
+def test_check_catches_a_tampered_submission(tiny_record):
+    edit_json(tiny_record / "submission.json", lambda s: s["results"][0].update(val_bpb=s["results"][0]["val_bpb"] - 0.01))
+    only_problem(check_record.check_folder(tiny_record), r"seed 7 claims val_bpb=.* but tiny_seed7\.txt shows")
+
+
+def test_check_catches_a_swapped_script(tiny_record):
+    script = bytearray((tiny_record / "train_gpt.py").read_bytes())
+    first_letter = next(i for i, b in enumerate(script) if chr(b).isalpha())
+    script[first_letter:first_letter + 1] = chr(script[first_letter]).swapcase().encode()
+    script = bytes(script)
+    (tiny_record / "train_gpt.py").write_bytes(script)  # same size, so only the content can give it away
+    edit_json(tiny_record / "submission.json", lambda s: s.update(script_sha256=hashlib.sha256(script).hexdigest()))
+    problems = check_record.check_folder(tiny_record)
+    assert len(problems) == 2 and all("differs from train_gpt.py" in p for p in problems), problems
+
+
+def test_deep_check_recomputes_the_score_and_catches_a_forged_claim(tiny_record):
+    notes = []
+    assert check_record.check_folder(tiny_record, deep=True, notes=notes) == []
+    assert len(notes) == 2 and all("recomputed" in n for n in notes)
+    # Forge a better score in the log and in submission.json alike: only re-scoring can tell.
+    log = tiny_record / "tiny_seed7.txt"
+    text = log.read_text()
+    m = re.search(r"^final_\w+_roundtrip_exact val_loss:\S+ val_bpb:(\S+)$", text, re.M)
+    claimed = float(m.group(1))
+    log.write_text(text[:m.start(1)] + f"{claimed - 0.05:.8f}" + text[m.end(1):])
+
+    def forge_claim(sub):
+        sub["results"][0]["val_bpb"] = round(claimed - 0.05, 8)
+        sub["val_bpb"] = round(sum(r["val_bpb"] for r in sub["results"]) / 2, 8)
+    edit_json(tiny_record / "submission.json", forge_claim)
+    assert check_record.check_folder(tiny_record) == []
+    only_problem(check_record.check_folder(tiny_record, deep=True), r"tiny_seed7\.txt: reloading \S+ gives")
+
+
+def test_deep_check_is_skipped_cleanly_without_data(tiny_record, tmp_path):
+    notes = []
+    assert check_record.check_folder(tiny_record, deep=True, data_path=tmp_path / "absent", notes=notes) == []
+    assert notes and all("skipped" in n and "data_path" in n for n in notes)
+
+
+# ---- COMPARE ----
+
+
+def student_t4_sf(t: float) -> float:
+    """P(T > t) for Student's t with 4 degrees of freedom, in closed form (no library)."""
+    u = t / math.sqrt(1 + t * t / 4)
+    return 0.5 - 3 / 8 * u * (1 - u * u / 12)
+
+
+def test_welch_test_matches_a_worked_example():
+    # By hand: means 1.21 and 1.24, both stds 0.01, n = 3 each. The improvement 0.03 minus the 0.005
+    # margin is 0.025; SE = sqrt(0.01^2/3 + 0.01^2/3) = 0.0081650; t = 3.0619; Welch df = 4 exactly.
+    c = compare.compare(compare.Sample("cand", [1.20, 1.21, 1.22]), compare.Sample("best", [1.23, 1.24, 1.25]))
+    assert c.t == pytest.approx(3.0619, abs=1e-4) and c.df == pytest.approx(4.0)
+    assert c.p == pytest.approx(student_t4_sf(3.0619), abs=1e-4) and c.p == pytest.approx(0.01880, abs=1e-4)
+    assert not c.significant
+    # n per side at these stds: n=3 gives t 3.06 < 3.747 (t table, df 4, one-sided 0.01); n=4 gives
+    # t = 0.025 / sqrt(2e-4/4) = 3.536 > 3.143 (df 6), so 4 seeds each would do.
+    assert c.seeds_needed_both == 4
+    # Candidate seeds alone never do: as their n grows, t tends to 0.025 / (0.01/sqrt(3)) = 4.33 while
+    # Welch's df falls to the best's n - 1 = 2, whose one-sided 0.01 critical value is 6.965.
+    assert c.seeds_needed is None
+    # Shift the candidate down 0.01: t = 0.035 / 0.0081650 = 4.2866, p = 0.0064 < 0.01.
+    c = compare.compare(compare.Sample("cand", [1.19, 1.20, 1.21]), compare.Sample("best", [1.23, 1.24, 1.25]))
+    assert c.t == pytest.approx(4.2866, abs=1e-4) and c.p == pytest.approx(student_t4_sf(4.2866), abs=1e-4)
+    assert c.significant
+
+
+def test_welch_not_student_when_spreads_differ():
+    # By hand: candidate std 0.005, best std 0.01, n = 3 each; a = 0.005^2/3, b = 0.01^2/3.
+    # t = (1.24 - 1.205 - 0.005) / sqrt(a + b) = 0.030 / 0.0064550 = 4.6476;
+    # Welch df = (a + b)^2 / (a^2/2 + b^2/2) = 2.941, where a pooled test would use 4.
+    c = compare.compare(compare.Sample("cand", [1.20, 1.205, 1.21]), compare.Sample("best", [1.23, 1.24, 1.25]))
+    assert c.t == pytest.approx(4.6476, abs=1e-4) and c.df == pytest.approx(2.941, abs=1e-3)
+    t2_sf = 0.5 - c.t / (2 * math.sqrt(2 + c.t ** 2))  # Student t, df 2, in closed form
+    assert student_t4_sf(c.t) < c.p < t2_sf
+
+
+def test_compare_reads_record_folders_and_refuses_a_single_seed(tmp_path, capsys):
+    best = make(seed_logs(tmp_path / "b", losses=(2.050, 2.052, 2.048)), tmp_path, short_name="Best")
+    cand = make(seed_logs(tmp_path / "c", losses=(2.030, 2.031, 2.029)), tmp_path, short_name="Cand")
+    assert compare.main([str(cand), str(best)]) == 0
+    assert "SIGNIFICANT" in capsys.readouterr().out
+    assert compare.main([str(best), str(cand)]) == 1  # the other way round is no record
+    with pytest.raises(SystemExit, match="at least 2"):
+        compare.main(["2.01", str(best)])
+
+
+# ---- SUMMARIZE ----
+
+
+def test_summarize_sorts_by_score_and_shows_only_changed_settings(tmp_path):
+    logs = tmp_path / "logs"
+    write_log(logs / "deep.txt", settings={"NUM_LAYERS": "11", "ITERATIONS": "500"}, val_bpb=1.20, steps=500)
+    write_log(logs / "base.txt", settings={"NUM_LAYERS": "9", "ITERATIONS": "500"}, val_bpb=1.25, steps=500)
+    write_log(logs / "crashed.txt", settings={"MATRIX_LR": "0.06", "ITERATIONS": "500"}, finished=False, steps=200)
+    (logs / "notes.txt").write_text("not a run log\n")
+    runs, skipped = summarize.load_runs(logs)
+    assert len(runs) == 3 and len(skipped) == 1
+    lines = summarize.table(runs).splitlines()
+    assert lines[0] == "every run: ITERATIONS=500"  # shared by all runs, printed once
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["deep", "base", "crashed"]
+    assert rows[0][1] == "NUM_LAYERS=11" and rows[1][1] == "(defaults)"  # NUM_LAYERS=9 is the default
+    assert rows[2][1] == "MATRIX_LR=0.06" and "unfinished" in rows[2]
+
+
+def test_summarize_writes_validation_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    for name, bpb in (("a", 1.20), ("b", 1.25)):
+        write_log(tmp_path / "logs" / f"{name}.txt", val_bpb=bpb, steps=300, val_every=100,
+                  settings={"ITERATIONS": "300"})
+    png = tmp_path / "curves.png"
+    assert summarize.main([str(tmp_path / "logs"), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- THE TRACKS AND THE COMMITTED RECORDS ----
+
+
+def test_tracks_table_and_folders_agree():
+    track_dirs = {p.name for p in (ROOT / "records").glob("track_*") if p.is_dir()}
+    assert track_dirs == set(TRACKS)
+    for name, track in TRACKS.items():
+        assert (ROOT / "records" / name / "README.md").is_file()
+        assert isinstance(track["artifact_cap_bytes"], int)
+    for name in ("track_10min_16mb", "track_non_record_16mb"):
+        assert TRACKS[name]["artifact_cap_bytes"] == 16_000_000
+    assert TRACKS["track_10min_16mb"]["train_time_limit_s"] == 600
+    cpu_rules = (ROOT / "records" / "track_cpu" / "README.md").read_text()
+    for key in ("artifact_cap_bytes", "max_steps", "train_batch_tokens", "train_time_limit_s"):
+        assert f"{TRACKS['track_cpu'][key]:,}" in cpu_rules, key  # the rules state the table's numbers
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent for p in (ROOT / "records").glob("track_*/*/submission.json")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_records_pass_the_checker(folder):
+    assert check_record.check_folder(folder) == []
