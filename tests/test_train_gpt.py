@@ -396,3 +396,18 @@ def test_two_processes_match_one(single_run, tiny_data, tmp_path):
     assert len(list((tmp_path / "logs").glob("*_model.int8.ptz"))) == 1
     loss1, loss2 = (float(FINAL_RE.search(o.stdout).group(1)) for o in (out1, out2))
     assert abs(loss1 - loss2) < 1e-4, (loss1, loss2)
+
+
+def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
+    """Warmup only primes compilation: weights, optimizer states and data restart after it."""
+    _, out1 = single_run
+    out2 = run_trainer(tiny_data.env(RUN_ID="warm", VAL_LOSS_EVERY="10", WARMUP_STEPS="3"), tmp_path)
+    assert out2.returncode == 0, out2.stderr[-3000:]
+    assert "warmup_step:3/3" in out2.stdout
+    assert FINAL_RE.search(out2.stdout).group(0) == FINAL_RE.search(out1.stdout).group(0)
+
+
+def test_readme_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in tg.Hyperparameters.env_names() if f"`{name}`" not in readme]
+    assert not missing, f"README's settings table lacks {missing}"
