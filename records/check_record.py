@@ -254,22 +254,24 @@ def deep_check(folder, runs, data_path, tokenizer_path, tolerance, notes) -> lis
             notes.append(f"deep check of {run.path.name} skipped: model file {run.artifact_path} not found "
                          f"(make the record with --copy-artifacts, or put it in the folder)")
             continue
-        try:
-            threads = re.search(r"(\d+) torch threads per process", run.hardware)
-            _, val_bpb = evaluate_artifact(folder / "train_gpt.py", model_file, run.hyperparameters,
-                                                  run.layout, data_path, tokenizer_path,
-                                                  cpu_threads=int(threads.group(1)) if threads else None)
-        except DeepCheckUnavailable as e:
-            notes.append(f"deep check of {run.path.name} skipped: {e}")
-            continue
-        # The script's evaluate() is the plain pass, so it re-scores the round-trip line; a
-        # sliding-window score is tied to the same model file by the sha256 check.
-        claimed = run.roundtrip_val_bpb
-        notes.append(f"deep check of {run.path.name}: round-trip val_bpb {val_bpb:.8f} recomputed, {claimed:.8f} "
-                     f"claimed" + (f"; {run.score_name} is not re-scored" if "roundtrip" not in run.score_name else ""))
-        if abs(val_bpb - claimed) > tolerance:
-            problems.append(f"{run.path.name}: reloading {model_file.name} gives val_bpb {val_bpb:.6f}, but the "
-                            f"log claims {claimed:.6f} (tolerance {tolerance})")
+        threads = re.search(r"(\d+) torch threads per process", run.hardware)
+        # the round-trip line always; the sliding-window line too when it is the run's score
+        checks = [(False, run.roundtrip_val_bpb, "round-trip")]
+        if "sliding_window" in (run.score_name or ""):
+            checks.append((True, run.val_bpb, "sliding-window"))
+        for sliding, claimed, what in checks:
+            try:
+                _, val_bpb = evaluate_artifact(folder / "train_gpt.py", model_file, run.hyperparameters,
+                                               run.layout, data_path, tokenizer_path, sliding=sliding,
+                                               cpu_threads=int(threads.group(1)) if threads else None)
+            except DeepCheckUnavailable as e:
+                notes.append(f"deep check of {run.path.name} ({what}) skipped: {e}")
+                continue
+            notes.append(f"deep check of {run.path.name}: {what} val_bpb {val_bpb:.8f} recomputed, "
+                         f"{claimed:.8f} claimed")
+            if abs(val_bpb - claimed) > tolerance:
+                problems.append(f"{run.path.name}: reloading {model_file.name} gives {what} val_bpb {val_bpb:.6f}, "
+                                f"but the log claims {claimed:.6f} (tolerance {tolerance})")
     return problems
 
 

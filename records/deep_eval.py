@@ -10,6 +10,7 @@ luts, hp, layout) -> (val_loss, val_bpb).
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -50,9 +51,10 @@ def resolve_input(value, override, what: str) -> str:
 
 
 def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_logged: dict,
-                      data_path=None, tokenizer_path=None, cpu_threads=None) -> tuple[float, float]:
+                      data_path=None, tokenizer_path=None, cpu_threads=None, sliding=False) -> tuple[float, float]:
     """(val_loss, val_bpb) of the model file, evaluated in this process by the record's script;
-    on CPU with the run's thread count (more threads than cores crawl on a busy machine)."""
+    on CPU with the run's thread count (more threads than cores crawl on a busy machine).
+    sliding=True re-scores the sliding-window line, with a script whose evaluate() has that option."""
     mod = import_script(Path(script_path))
     import torch
 
@@ -60,12 +62,14 @@ def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_log
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     try:
-        return _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path)
+        return _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, sliding)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path):
+def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, sliding):
+    if sliding and "sliding" not in inspect.signature(mod.evaluate).parameters:
+        raise DeepCheckUnavailable("the record's evaluate() has no sliding-window option")
 
     names = {f.name for f in dataclasses.fields(mod.Hyperparameters)}
     hp = mod.Hyperparameters(**{k: v for k, v in hyperparameters.items() if k in names})
@@ -82,4 +86,4 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     val_tokens = mod.load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
     model = mod.GPT(hp).to(device)
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
-    return mod.evaluate(model, val_tokens, luts, hp, layout)
+    return mod.evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if sliding else {}))
