@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import glob
 import hashlib
 import io
 import json
+import lzma
 import math
 import os
 import platform
@@ -102,7 +104,15 @@ class Hyperparameters:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0  # 0: off
-    # execution: auto = compile and bf16 on CUDA; on CPU the measured fastest (README, "Measurements")
+    ema_decay: float = 0.0  # 0: off; else the EMA of the weights is evaluated and exported
+    qat_start_frac: float = 1.0  # late QAT from this fraction of the training budget on; 1: never
+    # evaluation and export
+    eval_seq_len: int = 0  # 0: TRAIN_SEQ_LEN
+    eval_stride: int = 0  # 0: non-overlapping windows; else a sliding window scoring STRIDE tokens each
+    quant_bits: int = 8  # block matrices
+    embed_quant_bits: int = 8
+    compressor: str = "zlib"
+    # execution: auto = on for CUDA, off on CPU (exact, and never the slow choice: README, "Measurements")
     compile: str = "auto"
     bf16: str = "auto"
 
@@ -124,15 +134,18 @@ class Hyperparameters:
 
     def validate(self) -> None:
         """Checks that need only the settings themselves; world size and files come later."""
-        positive = ["iterations", "train_batch_tokens", "train_seq_len", "val_batch_size", "vocab_size",
+        positive = ["train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size", "vocab_size",
                     "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "muon_backend_steps"]
         for name in positive:
-            if getattr(self, name) <= 0 and not (name == "iterations" and self.iterations == 0):
+            if getattr(self, name) <= 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be positive")
-        for name in ["warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
-                     "muon_momentum_warmup_steps", "max_wallclock_seconds", "grad_clip_norm"]:
+        for name in ["iterations", "warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
+                     "muon_momentum_warmup_steps", "max_wallclock_seconds", "grad_clip_norm", "eval_seq_len",
+                     "eval_stride"]:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be >= 0 (0 turns it off)")
+        if self.num_layers < 2:
+            raise ConfigError(f"NUM_LAYERS={self.num_layers}: the U-Net pairs encoder and decoder blocks; use at least 2")
         if self.vocab_size > 65_536:
             raise ConfigError(f"VOCAB_SIZE={self.vocab_size} does not fit the uint16 shards; use at most 65536")
         if self.model_dim % self.num_heads:
@@ -148,6 +161,18 @@ class Hyperparameters:
         for name in ("compile", "bf16"):
             if getattr(self, name) not in ("auto", "0", "1"):
                 raise ConfigError(f"{name.upper()}={getattr(self, name)!r} must be auto, 0 or 1")
+        for name in ("quant_bits", "embed_quant_bits"):
+            if getattr(self, name) not in QUANT_BITS_CHOICES:
+                raise ConfigError(f"{name.upper()}={getattr(self, name)} must be one of {QUANT_BITS_CHOICES}")
+        if self.compressor not in COMPRESSORS:
+            raise ConfigError(f"COMPRESSOR={self.compressor!r} must be one of {sorted(COMPRESSORS)}")
+        if self.eval_stride > (self.eval_seq_len or self.train_seq_len):
+            raise ConfigError(f"EVAL_STRIDE={self.eval_stride} is longer than the eval window "
+                              f"{self.eval_seq_len or self.train_seq_len}; use a stride of at most EVAL_SEQ_LEN")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 turns the EMA off, 0.997 is typical")
+        if not 0.0 <= self.qat_start_frac <= 1.0:
+            raise ConfigError(f"QAT_START_FRAC={self.qat_start_frac} must be in [0, 1]; 1 turns late QAT off")
 
 
 def _parse_env_value(name: str, raw: str, default):
@@ -223,12 +248,11 @@ def synchronize(device: torch.device) -> None:
 
 
 def resolve_mode(setting: str, device: torch.device) -> bool:
-    # CPU default from the measurements in the README: eager fp32 was fastest on 2 cores.
     return setting == "1" if setting != "auto" else device.type == "cuda"
 
 
 # Dense bf16 peak per GPU, for MFU. Unknown GPUs get no MFU field rather than a made-up one.
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -284,7 +308,10 @@ class Muon(torch.optim.Optimizer):
             offset = 0
             for i, p in enumerate(params):
                 if i % world_size == rank and p.grad is not None:
-                    buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p.grad)
+                    buf = state["momentum_buffer"]
                     buf.mul_(group["momentum"]).add_(p.grad)
                     g = p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
                     g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype)
@@ -459,11 +486,22 @@ CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_w
 
 
 class CastedLinear(nn.Linear):
-    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype."""
+    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. With late
+    QAT configured (qat_bits > 0), the weight passes through the export's fake quantization once
+    the qat_on buffer is 1. A buffer, not a Python flag: torch.compile would constant-fold a flag
+    and QAT would silently never run."""
+
+    qat_bits = 0
+
+    def enable_qat(self, bits: int) -> None:
+        self.qat_bits = bits
+        self.register_buffer("qat_on", torch.zeros((), device=self.weight.device), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, self.weight.to(x.dtype), bias)
+        w = self.weight
+        if self.qat_bits:
+            w = torch.lerp(w, fake_quantize(w, self.qat_bits), self.qat_on)
+        return F.linear(x, w.to(x.dtype))  # every layer here is bias-free
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -555,7 +593,10 @@ class GPT(nn.Module):
             nn.init.zeros_(self.lm_head.weight)
 
     def logits(self, idx: Tensor) -> Tensor:
-        x = rms_norm(self.tok_emb(idx))  # (B, T, C)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if torch.is_autocast_enabled(x.device.type):  # keep the residual stream in the autocast dtype
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        x = rms_norm(x)
         x0 = x
         skips = []
         for block in self.blocks[:self.num_encoder_layers]:
@@ -570,9 +611,13 @@ class GPT(nn.Module):
         logits = F.linear(x, weight.to(x.dtype)).float()  # (B, T, V)
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
-    def forward(self, idx: Tensor, targets: Tensor) -> Tensor:
+    def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
         logits = self.logits(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+
+
+def qat_modules(model: GPT) -> list[CastedLinear]:
+    return [m for m in model.blocks.modules() if isinstance(m, CastedLinear) and m.qat_bits]
 
 
 def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
@@ -586,31 +631,49 @@ def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperparameters, layout: Layout
-             ) -> tuple[float, float]:
-    """val_loss (nats per token) and val_bpb over the whole validation split; each rank scores a
-    contiguous range of sequences and the float64 sums are reduced."""
-    seq_len = hp.train_seq_len
-    batch_seqs = hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len
-    total_seqs = (val_tokens.numel() - 1) // seq_len
-    first = total_seqs * layout.rank // layout.world_size
-    last = total_seqs * (layout.rank + 1) // layout.world_size
-    sums = torch.zeros(3, dtype=torch.float64, device=layout.device)  # loss, tokens, bytes
+def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperparameters, layout: Layout,
+             sliding: bool = False) -> tuple[float, float]:
+    """val_loss (nats per token) and val_bpb over the whole validation split, scored in windows of
+    seq_len tokens. Each window scores the targets after the previous window's, so every token is
+    scored exactly once: with stride = seq_len (plain) windows do not overlap; with a sliding
+    stride each scored token sees at least seq_len - stride tokens of context, except in the
+    first window, which scores all of its tokens. Ranks take contiguous runs of windows; the
+    float64 sums are reduced."""
+    seq_len = (hp.eval_seq_len or hp.train_seq_len) if sliding else hp.train_seq_len
+    stride = (hp.eval_stride or seq_len) if sliding else seq_len
+    num_targets = val_tokens.numel() - 1
+    if num_targets < seq_len:
+        raise ConfigError(f"EVAL_SEQ_LEN={seq_len} is longer than the validation split ({num_targets} targets)")
+    ends = list(range(seq_len, num_targets, stride)) + [num_targets]  # window k scores targets ends[k-1]..ends[k]
+    scored = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+    first = len(ends) * layout.rank // layout.world_size
+    last = len(ends) * (layout.rank + 1) // layout.world_size
+    batch_windows = max(1, hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len)
+    positions = torch.arange(seq_len, device=layout.device)
+    acc = torch.device("cpu") if layout.device.type == "mps" else layout.device  # MPS has no float64
+    sums = torch.zeros(3, dtype=torch.float64, device=acc)  # loss, tokens, bytes
     was_training = model.training
     model.eval()
-    for start in range(first, last, batch_seqs):
-        end = min(start + batch_seqs, last)
-        local = val_tokens[start * seq_len:end * seq_len + 1].to(layout.device, torch.int64, non_blocking=True)
-        x, y = local[:-1].view(-1, seq_len), local[1:].view(-1, seq_len)  # (B, T)
+    for i in range(first, last, batch_windows):
+        batch = range(i, min(i + batch_windows, last))
+        windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])
+        windows = windows.to(layout.device, torch.int64, non_blocking=True)
+        x, y = windows[:, :-1], windows[:, 1:]  # (B, T)
+        num_scored = torch.tensor([scored[k] for k in batch], device=layout.device)
+        mask = positions[None, :] >= seq_len - num_scored[:, None]  # (B, T): the last num_scored
         with autocast(layout):
-            loss = model(x, y).detach()
-        sums[0] += loss.double() * y.numel()
-        sums[1] += y.numel()
-        sums[2] += count_target_bytes(x.reshape(-1), y.reshape(-1), luts).sum()
+            losses = model(x, y, reduction="none").detach().view_as(mask)
+        losses, mask, num_bytes = (t.to(acc) for t in (losses, mask, count_target_bytes(x, y, luts)))
+        sums[0] += losses.double()[mask].sum()
+        sums[1] += mask.sum()
+        sums[2] += num_bytes[mask].sum()
     if layout.distributed:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     model.train(was_training)
     loss_sum, tokens, num_bytes = sums.tolist()
+    if num_bytes == 0:
+        raise ConfigError(f"TOKENIZER_PATH={hp.tokenizer_path}: the validation tokens stand for 0 bytes; is it the "
+                          "tokenizer that made DATA_PATH's shards?")
     val_loss = loss_sum / tokens
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
 
@@ -619,16 +682,68 @@ def autocast(layout: Layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
 
 
-# ---- EXPORT: INT8 + ZLIB ----
+# ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
 
 KEEP_FLOAT_MAX_NUMEL = 65_536  # smaller tensors are cheap to keep in float
-INT8_CLIP_QUANTILE = 0.9999984  # per-row clip: ignore the rarest outliers when setting the scale
+QUANT_BITS_CHOICES = (4, 5, 6, 8)
+# Each row's clip is the fraction of its max |w| below with the least reconstruction error: at low
+# widths, clipping a few outliers buys finer steps for everything else (GPTQ-lite clip search).
+CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
+COMPRESSORS = {
+    "zlib": (lambda raw: zlib.compress(raw, level=9), zlib.decompress),
+    "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress),
+}
 
 
-def quantize_state_dict_int8(state_dict: dict[str, Tensor]) -> dict:
-    """Large float matrices -> per-row int8 with an fp16 scale; small tensors -> fp16, but control
-    tensors (gains, mixes) stay fp32 since they are few and sensitive."""
-    quantized, scales, floats, dtypes = {}, {}, {}, {}
+def export_tag(hp: Hyperparameters) -> str:
+    return f"int{hp.quant_bits}_{hp.compressor}"  # names the log lines: final_int6_lzma_roundtrip_exact
+
+
+def round_to_fp16(x: Tensor) -> Tensor:
+    """Positive fp32 values in fp16's normal range, rounded to the nearest fp16 (ties to even) and
+    kept in fp32. Integer ops because torch.compile drops a .half().float() round trip, and QAT
+    must see the scales the export stores."""
+    bits = x.float().view(torch.int32)
+    return ((bits + 0x0FFF + ((bits >> 13) & 1)) & -0x2000).view(torch.float32)
+
+
+def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """Per-row symmetric quantization of a 2-D float tensor to integers in [-qmax, qmax], with the
+    clip searched per row. Returns (q as float, scale (rows,) as stored in fp16)."""
+    qmax = 2 ** (bits - 1) - 1
+    absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
+    fractions = torch.tensor(CLIP_FRACTIONS, device=w.device, dtype=w.dtype)[:, None, None]  # (K, 1, 1)
+    # scales as stored in fp16, floored at its smallest normal so an all-zero row cannot divide by zero
+    scales = round_to_fp16((absmax * fractions / qmax).clamp(2.0 ** -14, 65504.0))  # (K, R, 1)
+    q = torch.clamp(torch.round(w / scales), -qmax, qmax)  # (K, R, C)
+    best = (q * scales - w).square().sum(dim=2).argmin(dim=0)  # (R,)
+    rows = torch.arange(w.size(0), device=w.device)
+    return q[best, rows], scales[best, rows, 0]
+
+
+def fake_quantize(w: Tensor, bits: int) -> Tensor:
+    """The export's round trip in the forward pass, with a straight-through gradient (late QAT)."""
+    q, scale = quantize_rows(w.detach(), bits)
+    return w + (q * scale[:, None] - w).detach()
+
+
+def pack_bits(q: Tensor, bits: int) -> Tensor:
+    """Integers in [-(2^(b-1)-1), 2^(b-1)-1] -> a dense little-endian bitstream of `bits` per value."""
+    unsigned = (q.flatten().to(torch.int16) + 2 ** (bits - 1) - 1).to(torch.uint8).numpy()
+    planes = np.unpackbits(unsigned[:, None], axis=1, bitorder="little")[:, :bits]  # (N, bits)
+    return torch.from_numpy(np.packbits(planes.reshape(-1), bitorder="little"))
+
+
+def unpack_bits(packed: Tensor, bits: int, numel: int) -> Tensor:
+    planes = np.unpackbits(packed.numpy(), bitorder="little")[:numel * bits].reshape(numel, bits)
+    unsigned = np.packbits(planes, axis=1, bitorder="little")[:, 0]  # pads each row back to 8 bits
+    return torch.from_numpy(unsigned.astype(np.int16) - (2 ** (bits - 1) - 1))
+
+
+def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int) -> dict:
+    """Large float matrices -> bit-packed per-row integers with fp16 scales; small tensors -> fp16,
+    but control tensors (gains, mixes) stay fp32 since they are few and sensitive."""
+    packed, scales, floats, dtypes, shapes, widths = {}, {}, {}, {}, {}, {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach().cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
@@ -638,31 +753,30 @@ def quantize_state_dict_int8(state_dict: dict[str, Tensor]) -> dict:
             keep_fp32 = any(key in name for key in CONTROL_PARAM_NAMES)
             floats[name] = tensor.float() if keep_fp32 else tensor.half()
         else:
-            w = tensor.float()
-            k = max(1, min(w.size(1), round(INT8_CLIP_QUANTILE * w.size(1))))
-            clip = w.abs().kthvalue(k, dim=1).values.clamp_min(1e-8)  # (rows,)
-            scale = (clip / 127.0).half()
-            q = torch.clamp(torch.round(w / scale.float()[:, None]), -127, 127).to(torch.int8)
-            quantized[name], scales[name] = q, scale
-    return {"format": "int8_per_row_v1", "quantized": quantized, "scales": scales, "floats": floats,
-            "dtypes": dtypes}
+            widths[name] = embed_bits if name == "tok_emb.weight" else bits
+            q, scale = quantize_rows(tensor.float(), widths[name])
+            packed[name], scales[name], shapes[name] = pack_bits(q, widths[name]), scale.half(), list(tensor.shape)
+    return {"format": "packed_rows_v1", "packed": packed, "scales": scales, "shapes": shapes, "bits": widths,
+            "floats": floats, "dtypes": dtypes}
 
 
-def dequantize_state_dict_int8(obj: dict) -> dict[str, Tensor]:
+def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
     out = {}
     for name, dtype in obj["dtypes"].items():
-        if name in obj["quantized"]:
-            tensor = obj["quantized"][name].float() * obj["scales"][name].float()[:, None]
+        if name in obj["packed"]:
+            rows, cols = obj["shapes"][name]
+            q = unpack_bits(obj["packed"][name], obj["bits"][name], rows * cols).view(rows, cols)
+            tensor = q.float() * obj["scales"][name].float()[:, None]
         else:
             tensor = obj["floats"][name]
         out[name] = tensor.to(getattr(torch, dtype))
     return out
 
 
-def save_artifact(state_dict: dict[str, Tensor], path: Path) -> bytes:
+def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters) -> bytes:
     buffer = io.BytesIO()
-    torch.save(quantize_state_dict_int8(state_dict), buffer)
-    blob = zlib.compress(buffer.getvalue(), level=9)
+    torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits), buffer)
+    blob = COMPRESSORS[hp.compressor][0](buffer.getvalue())
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     os.replace(tmp, path)
@@ -670,9 +784,11 @@ def save_artifact(state_dict: dict[str, Tensor], path: Path) -> bytes:
 
 
 def load_artifact(path) -> dict[str, Tensor]:
-    """Read an artifact back without executing pickled code (weights_only)."""
-    obj = torch.load(io.BytesIO(zlib.decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
-    return dequantize_state_dict_int8(obj)
+    """Read an artifact back without executing pickled code (weights_only). The compressor is
+    recognized by its magic bytes."""
+    blob = Path(path).read_bytes()
+    raw = lzma.decompress(blob) if blob.startswith(b"\xfd7zXZ") else zlib.decompress(blob)
+    return dequantize_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
 
 
 # ---- LOGGING ----
@@ -718,11 +834,20 @@ def describe_hardware(layout: Layout) -> list[str]:
         return lines
     cpu_name = platform.processor() or platform.machine()
     try:
-        cpu_name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        cpu_name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                        if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return [f"hardware: {layout.device.type}: {cpu_name}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
+
+
+def misspelled_settings(environ=None) -> list[str]:
+    """Env vars a typo away from a setting: NUM_LAYER=11 would otherwise be silently ignored."""
+    environ = os.environ if environ is None else environ
+    names = Hyperparameters.env_names()
+    return [f"{key} (did you mean {match[0]}?)" for key in environ
+            if key not in names and (match := difflib.get_close_matches(key, names, n=1, cutoff=0.9))]
 
 
 def launch_command(environ=None) -> str:
@@ -759,6 +884,26 @@ def muon_momentum(step: int, hp: Hyperparameters) -> float:
         return hp.muon_momentum
     frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
+
+
+class EMA:
+    """Exponential moving average of the weights, updated on device after every step (no host
+    sync); swap() exchanges it with the live weights, and a second swap() undoes the first."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.params = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
+
+    @torch.no_grad()
+    def swap(self, model: nn.Module) -> None:
+        for p, ema in zip(model.parameters(), self.params):
+            live = p.detach().clone()
+            p.copy_(ema)
+            ema.copy_(live)
 
 
 def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> tuple[list[torch.optim.Optimizer], Muon]:
@@ -833,12 +978,15 @@ def setup(environ=None) -> tuple[Hyperparameters, Layout]:
 def main() -> None:
     hp, layout = setup()
     device = layout.device
+    source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        from torch.backends.cuda import enable_cudnn_sdp, enable_flash_sdp, enable_math_sdp, enable_mem_efficient_sdp
-        enable_flash_sdp(True), enable_cudnn_sdp(False), enable_mem_efficient_sdp(False), enable_math_sdp(False)
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash takes only 16-bit inputs
     if layout.distributed:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
@@ -850,11 +998,12 @@ def main() -> None:
     if layout.is_main:
         Path(hp.log_dir).mkdir(parents=True, exist_ok=True)
         log = RunLog(Path(hp.log_dir) / f"{hp.run_id}.txt")
-        log.write_header(Path(__file__).read_bytes(), hp, layout, launch_command())
+        log.write_header(source, hp, layout, launch_command())
+        for typo in misspelled_settings():
+            log(f"WARNING: env var {typo} is not a setting and was ignored")
         print(f"logfile: {log.path}")
 
     torch.manual_seed(hp.seed)
-    np.random.seed(hp.seed)
     luts = load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
     val_tokens = load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
     train_pattern = os.path.join(hp.data_path, "fineweb_train_*.bin")
@@ -862,6 +1011,10 @@ def main() -> None:
 
     base_model = GPT(hp).to(device)
     log(f"model_params:{sum(p.numel() for p in base_model.parameters())}")
+    if hp.qat_start_frac < 1.0:
+        for module in base_model.blocks.modules():
+            if isinstance(module, CastedLinear):
+                module.enable_qat(hp.quant_bits)
     optimizers, muon = build_optimizers(base_model, hp, layout)
     compiled = base_model
     if layout.use_compile:
@@ -884,11 +1037,14 @@ def main() -> None:
         base_model.load_state_dict(initial_model)
         for opt, state in zip(optimizers, initial_optimizers):
             opt.load_state_dict(state)
+        del initial_model, initial_optimizers
         loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
 
+    ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
+    qat_layers = qat_modules(base_model)
     flops_per_token, peak = count_flops_per_token(base_model, hp), peak_flops(device)
     max_wallclock_ms = 1000.0 * hp.max_wallclock_seconds
-    training_time_ms, stop_after_step, step = 0.0, None, 0
+    training_time_ms, elapsed_ms, stop_after_step, qat_active, step = 0.0, 0.0, None, False, 0
     synchronize(device)
     t0 = time.perf_counter()
     while True:
@@ -896,7 +1052,11 @@ def main() -> None:
         if last_step or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
             synchronize(device)
             training_time_ms += 1000.0 * (time.perf_counter() - t0)  # validation is not training time
+            if ema:
+                ema.swap(base_model)  # score the weights that will be exported
             val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout)
+            if ema:
+                ema.swap(base_model)
             log(f"step:{step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
                 f"train_time:{training_time_ms:.0f}ms step_avg:{training_time_ms / max(step, 1):.2f}ms")
             synchronize(device)
@@ -906,10 +1066,11 @@ def main() -> None:
                 log(f"stopping_early: wallclock_cap train_time:{training_time_ms:.0f}ms step:{step}/{hp.iterations}")
             break
 
-        elapsed_ms = training_time_ms + 1000.0 * (time.perf_counter() - t0)
         for group in muon.param_groups:
             group["momentum"] = muon_momentum(step, hp)
         train_loss = train_step(model, loader, optimizers, hp, layout, lr_schedule(step, elapsed_ms, hp))
+        if ema:
+            ema.update(base_model)
         step += 1
 
         elapsed_ms = training_time_ms + 1000.0 * (time.perf_counter() - t0)
@@ -920,25 +1081,35 @@ def main() -> None:
             if peak is not None:
                 line += f" mfu:{100 * flops_per_token * tokens_per_s / (peak * layout.world_size):.1f}%"
             log(line)
-        reached_cap = torch.tensor(float(max_wallclock_ms > 0 and elapsed_ms >= max_wallclock_ms), device=device)
-        if layout.distributed and max_wallclock_ms > 0:  # every rank stops at the same step
-            dist.all_reduce(reached_cap, op=dist.ReduceOp.MAX)
-        if stop_after_step is None and reached_cap.item() > 0:
+        if layout.distributed and max_wallclock_ms > 0:
+            # one clock for all ranks: the same LR, the same stop step and the same QAT step everywhere
+            clock = torch.tensor([elapsed_ms], dtype=torch.float64, device=device)
+            dist.all_reduce(clock, op=dist.ReduceOp.MAX)
+            elapsed_ms = clock.item()
+        if stop_after_step is None and max_wallclock_ms > 0 and elapsed_ms >= max_wallclock_ms:
             stop_after_step = step
+        progress = max(step / max(hp.iterations, 1), elapsed_ms / max_wallclock_ms if max_wallclock_ms else 0.0)
+        if qat_layers and not qat_active and progress >= hp.qat_start_frac:
+            qat_active = True
+            for module in qat_layers:
+                module.qat_on.fill_(1.0)
+            log(f"late_qat: on from step:{step} int{hp.quant_bits} fake quantization of the block matrices")
 
     if device.type == "cuda":
         log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
             f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
 
     # Export, then score what was exported: the number that counts is the round-tripped model's.
-    artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.int8.ptz"
+    if ema:
+        ema.swap(base_model)
+    tag = export_tag(hp)
+    artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.{tag}.ptz"
     if layout.is_main:
-        blob = save_artifact(base_model.state_dict(), artifact_path)
-        code_bytes = len(Path(__file__).read_bytes())
-        total_bytes = code_bytes + artifact_path.stat().st_size
-        log(f"Serialized model int8+zlib: {len(blob)} bytes")
-        log(f"Code size: {code_bytes} bytes")
-        log(f"Total submission size int8+zlib: {total_bytes} bytes")
+        blob = save_artifact(base_model.state_dict(), artifact_path, hp)
+        total_bytes = len(source) + artifact_path.stat().st_size
+        log(f"Serialized model {tag.replace('_', '+')}: {len(blob)} bytes")
+        log(f"Code size: {len(source)} bytes")
+        log(f"Total submission size {tag.replace('_', '+')}: {total_bytes} bytes")
         log(f"artifact: {artifact_path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()}")
         if total_bytes > 16_000_000:
             log(f"WARNING: submission is {total_bytes} bytes, over the 16,000,000-byte cap by "
@@ -946,13 +1117,14 @@ def main() -> None:
     if layout.distributed:
         dist.barrier()
     base_model.load_state_dict(load_artifact(artifact_path), strict=True)
-    synchronize(device)
-    t_eval = time.perf_counter()
-    val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout)
-    synchronize(device)
-    log(f"final_int8_zlib_roundtrip val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
-        f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
-    log(f"final_int8_zlib_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+    for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
+        synchronize(device)
+        t_eval = time.perf_counter()
+        val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout, sliding=sliding)
+        synchronize(device)
+        log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+            f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
+        log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
     if layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
         dist.destroy_process_group()

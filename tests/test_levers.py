@@ -1,0 +1,218 @@
+"""Sliding-window evaluation, low-bit export, EMA and late QAT: the levers behind env vars."""
+
+import math
+import re
+
+import pytest
+import torch
+
+import train_gpt as tg
+from conftest import run_trainer
+
+
+def tiny_hp(**overrides) -> tg.Hyperparameters:
+    values = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, train_seq_len=16,
+                  val_batch_size=16 * 8 * 3)
+    values.update(overrides)
+    return tg.Hyperparameters(**values)
+
+
+def cpu_layout(**overrides) -> tg.Layout:
+    values = dict(rank=0, world_size=1, local_rank=0, distributed=False, device=torch.device("cpu"),
+                  grad_accum_steps=8, use_compile=False, use_bf16=False)
+    values.update(overrides)
+    return tg.Layout(**values)
+
+
+class PositionCounter(torch.nn.Module):
+    """A stand-in model whose loss is 1 per target, and which records every scored batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, x, y, reduction="mean"):
+        self.calls.append(x.clone())
+        return torch.ones(y.numel())
+
+
+# ---- sliding-window evaluation ----
+
+
+def random_model(hp: tg.Hyperparameters) -> tg.GPT:
+    torch.manual_seed(0)
+    model = tg.GPT(hp)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+@pytest.fixture
+def val_setup(tiny_data):
+    luts = tg.load_tokenizer_luts(tiny_data.tokenizer_path, tiny_data.vocab_size)
+    val_tokens = tg.load_validation_tokens(str(tiny_data.data_path / "fineweb_val_*.bin"), 16)[:16 * 40 + 1]
+    return luts, val_tokens
+
+
+def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val_setup):
+    luts, val_tokens = val_setup
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=16)
+    model = random_model(hp)
+    plain = tg.evaluate(model, val_tokens, luts, hp, cpu_layout())
+    sliding = tg.evaluate(model, val_tokens, luts, hp, cpu_layout(), sliding=True)
+    assert sliding == pytest.approx(plain, rel=1e-12)
+
+
+@pytest.mark.parametrize("seq_len, stride", [(16, 4), (32, 8), (16, 5), (24, 24)])
+def test_sliding_scores_every_token_once(tiny_data, val_setup, seq_len, stride):
+    luts, val_tokens = val_setup
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=seq_len, eval_stride=stride)
+    # a model with loss 1 per scored token: val_loss = 1 exactly, and val_bpb = tokens / (bytes * ln 2)
+    counter = PositionCounter()
+    loss, bpb = tg.evaluate(counter, val_tokens, luts, hp, cpu_layout(), sliding=True)
+    plain_loss, plain_bpb = tg.evaluate(PositionCounter(), val_tokens, luts, hp, cpu_layout())
+    assert loss == 1.0 and plain_loss == 1.0
+    assert bpb == pytest.approx(plain_bpb, rel=1e-12), "same tokens and bytes as the plain eval"
+    windows = torch.cat(counter.calls)
+    assert windows.shape[1] == seq_len, "every window has the full length"
+    n = val_tokens.numel() - 1
+    assert windows.shape[0] == 1 + math.ceil((n - seq_len) / stride)
+
+
+def test_sliding_gives_each_token_more_context(tiny_data, val_setup):
+    luts, val_tokens = val_setup
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=4)
+    model = random_model(hp)
+    # rank split: two ranks' sums equal one rank's (each evaluates its share; no process group needed)
+    full = tg.evaluate(model, val_tokens, luts, hp, cpu_layout(), sliding=True)
+    assert full != tg.evaluate(model, val_tokens, luts, hp, cpu_layout())
+
+
+# ---- low-bit export ----
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+def test_bit_packing_round_trips_exact_integers(bits):
+    qmax = 2 ** (bits - 1) - 1
+    for numel in (1, 7, 8, 9, 1000):
+        q = torch.randint(-qmax, qmax + 1, (numel,))
+        q[0] = -qmax
+        packed = tg.pack_bits(q, bits)
+        assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(numel * bits / 8)
+        assert torch.equal(tg.unpack_bits(packed, bits, numel).long(), q)
+
+
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_clip_search_never_worse_than_no_clip(bits):
+    torch.manual_seed(0)
+    w = torch.randn(64, 256)
+    w[:, :3] *= 12  # heavy outliers: clipping them should pay at low widths
+    q, scale = tg.quantize_rows(w, bits)
+    qmax = 2 ** (bits - 1) - 1
+    no_clip_scale = (w.abs().amax(dim=1) / qmax).half().float()
+    no_clip = torch.clamp(torch.round(w / no_clip_scale[:, None]), -qmax, qmax) * no_clip_scale[:, None]
+    err_search = (q * scale[:, None] - w).square().sum(dim=1)
+    err_none = (no_clip - w).square().sum(dim=1)
+    assert (err_search <= err_none + 1e-6).all()
+    if bits == 4:
+        assert err_search.sum() < 0.9 * err_none.sum(), "at 4 bits the search should clip the outliers"
+    assert q.abs().max() <= qmax and torch.equal(q, q.round())
+
+
+def test_zero_rows_quantize_without_nan():
+    w = torch.zeros(4, 300)
+    w[1] = 1e-9
+    q, scale = tg.quantize_rows(w, 6)
+    assert torch.isfinite(q * scale[:, None]).all()
+
+
+# ---- EMA ----
+
+
+def test_ema_update_matches_formula_and_swap_restores():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ema = tg.EMA(model, decay=0.9)
+    expected = [p.detach().clone() for p in model.parameters()]
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ema.update(model)
+        expected = [0.9 * e + 0.1 * p.detach() for e, p in zip(expected, model.parameters())]
+    for e, got in zip(expected, ema.params):
+        torch.testing.assert_close(got, e)
+    live = [p.detach().clone() for p in model.parameters()]
+    ema.swap(model)
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.detach(), e)
+    ema.swap(model)
+    for p, l in zip(model.parameters(), live):
+        assert torch.equal(p.detach(), l)
+
+
+# ---- late QAT ----
+
+
+def qat_model() -> tg.GPT:
+    hp = tiny_hp(num_layers=1, quant_bits=4, qat_start_frac=0.5)
+    model = random_model(hp)
+    for module in model.blocks.modules():
+        if isinstance(module, tg.CastedLinear):
+            module.enable_qat(hp.quant_bits)
+    return model
+
+
+def set_qat(model: tg.GPT, on: bool) -> None:
+    for module in tg.qat_modules(model):
+        module.qat_on.fill_(float(on))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_qat_switch_changes_the_output(compiled):
+    model = qat_model()
+    run = torch.compile(model.logits, dynamic=False, fullgraph=True) if compiled else model.logits
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        off = run(idx)
+        set_qat(model, True)
+        on = run(idx)
+        set_qat(model, False)
+        off_again = run(idx)
+    assert (on - off).abs().max() > 1e-3, "QAT on must change the output (a constant-folded flag would not)"
+    torch.testing.assert_close(off_again, off)
+    # and QAT on equals the model with its block matrices really quantized
+    with torch.no_grad():
+        for module in tg.qat_modules(model):
+            q, scale = tg.quantize_rows(module.weight, 4)
+            module.weight.copy_(q * scale[:, None])
+        torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
+
+
+def test_qat_gradient_is_straight_through():
+    model = qat_model()
+    set_qat(model, True)
+    layer = tg.qat_modules(model)[0]
+    x = torch.randn(3, layer.in_features)
+    layer(x).sum().backward()
+    expected = torch.ones(3, layer.out_features).T @ x  # d(sum(x W^T))/dW, as if unquantized
+    torch.testing.assert_close(layer.weight.grad, expected)
+
+
+# ---- end to end: the levers together ----
+
+
+def test_levers_end_to_end(tiny_data, tmp_path):
+    env = tiny_data.env(RUN_ID="levers", EVAL_STRIDE="16", QUANT_BITS="6", COMPRESSOR="lzma", EMA_DECAY="0.9",
+                        QAT_START_FRAC="0.5")
+    out = run_trainer(env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "late_qat: on from step:10 int6" in out.stdout
+    plain = re.search(r"final_int6_lzma_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
+    sliding = re.search(r"final_int6_lzma_sliding_window_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
+    assert plain and sliding
+    assert float(sliding.group(1)) < float(plain.group(1)), "more context per scored token lowers the loss"
+    total = int(re.search(r"Total submission size int6\+lzma: (\d+) bytes", out.stdout).group(1))
+    artifact = tmp_path / "logs" / "levers_model.int6_lzma.ptz"
+    assert total == len((tg.Path(tg.__file__)).read_bytes()) + artifact.stat().st_size
