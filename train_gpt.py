@@ -29,6 +29,8 @@ import math
 import os
 import platform
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +114,12 @@ class Hyperparameters:
     quant_bits: int = 8  # block matrices
     embed_quant_bits: int = 8
     compressor: str = "zlib"
+    # long runs
+    save_every: int = 0  # checkpoint every N steps and at the end; 0: only on SIGTERM/SIGINT
+    keep_checkpoints: int = 3  # the newest K are kept; 0: all
+    checkpoint_dir: str = "checkpoints"  # checkpoints go to CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/
+    resume: str = ""  # a checkpoint folder, or "latest": the newest of RUN_ID
+    sample_every: int = 0  # greedy samples of fixed prompts every N steps and at the end; 0: off
     # execution: auto = on for CUDA, off on CPU (exact, and never the slow choice: README, "Measurements")
     compile: str = "auto"
     bf16: str = "auto"
@@ -141,7 +149,7 @@ class Hyperparameters:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be positive")
         for name in ["iterations", "warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
                      "muon_momentum_warmup_steps", "max_wallclock_seconds", "grad_clip_norm", "eval_seq_len",
-                     "eval_stride"]:
+                     "eval_stride", "save_every", "keep_checkpoints", "sample_every"]:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be >= 0 (0 turns it off)")
         if self.num_layers < 2:
@@ -158,14 +166,11 @@ class Hyperparameters:
         if head_dim % 2:
             raise ConfigError(f"head dim MODEL_DIM/NUM_HEADS = {self.model_dim}/{self.num_heads} = {head_dim} is odd; "
                               "RoPE rotates pairs of channels, so choose an even head dim")
-        for name in ("compile", "bf16"):
-            if getattr(self, name) not in ("auto", "0", "1"):
-                raise ConfigError(f"{name.upper()}={getattr(self, name)!r} must be auto, 0 or 1")
-        for name in ("quant_bits", "embed_quant_bits"):
-            if getattr(self, name) not in QUANT_BITS_CHOICES:
-                raise ConfigError(f"{name.upper()}={getattr(self, name)} must be one of {QUANT_BITS_CHOICES}")
-        if self.compressor not in COMPRESSORS:
-            raise ConfigError(f"COMPRESSOR={self.compressor!r} must be one of {sorted(COMPRESSORS)}")
+        choices = dict(compile=("auto", "0", "1"), bf16=("auto", "0", "1"), quant_bits=QUANT_BITS_CHOICES,
+                       embed_quant_bits=QUANT_BITS_CHOICES, compressor=tuple(COMPRESSORS))
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name.upper()}={getattr(self, name)!r} must be one of {', '.join(map(str, allowed))}")
         if self.eval_stride > (self.eval_seq_len or self.train_seq_len):
             raise ConfigError(f"EVAL_STRIDE={self.eval_stride} is longer than the eval window "
                               f"{self.eval_seq_len or self.train_seq_len}; use a stride of at most EVAL_SEQ_LEN")
@@ -390,6 +395,13 @@ class TokenStream:
             remaining -= k
             empty_in_a_row = 0
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+    def position(self) -> list[int]:
+        return [self.file_index, self.pos]
+
+    def seek(self, position: list[int]) -> None:
+        self.file_index, self.pos = position
+        self.tokens = load_data_shard(self.files[self.file_index])
 
 
 class DistributedTokenLoader:
@@ -684,7 +696,9 @@ def autocast(layout: Layout):
 
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
 
-KEEP_FLOAT_MAX_NUMEL = 65_536  # smaller tensors are cheap to keep in float
+# Tensors up to this size stay in float. Every matrix of the 9x512 default is far larger; at width
+# 256 the attention matrices (32k-65k) must be quantized too, or they dominate the artifact.
+KEEP_FLOAT_MAX_NUMEL = 16_384
 QUANT_BITS_CHOICES = (4, 5, 6, 8)
 # Each row's clip is the fraction of its max |w| below with the least reconstruction error: at low
 # widths, clipping a few outliers buys finer steps for everything else (GPTQ-lite clip search).
@@ -862,6 +876,156 @@ def launch_command(environ=None) -> str:
     return " ".join(settings + [launcher])
 
 
+# ---- CHECKPOINTS AND SAMPLES ----
+
+MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
+                        "tie_embeddings")
+SAMPLE_PROMPTS = ("The President", "Congress shall", "In the year 1850,")
+BOS_ID = 1
+
+
+@dataclass
+class LoopState:
+    """Where training stands: with the weights, optimizer states and data position, all a resume needs."""
+    step: int = 0
+    training_time_ms: float = 0.0  # training only: validation, checkpoints and samples are excluded
+    elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
+    qat_active: bool = False
+
+
+def barrier(layout: Layout) -> None:
+    if layout.distributed:
+        dist.barrier()
+
+
+def checkpoint_folders(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first; a .tmp folder is a write that never completed."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+
+
+def resolve_resume(hp: Hyperparameters) -> dict | None:
+    """Turn RESUME into a checkpoint folder and read its meta, refusing one of another model shape."""
+    if not hp.resume:
+        return None
+    folder = Path(hp.resume)
+    if hp.resume == "latest":
+        if not hp.run_id:
+            raise ConfigError("RESUME=latest needs RUN_ID, the run whose newest checkpoint to resume")
+        found = checkpoint_folders(Path(hp.checkpoint_dir) / hp.run_id)
+        if not found:
+            raise ConfigError(f"RESUME=latest: no checkpoint in {Path(hp.checkpoint_dir) / hp.run_id}")
+        folder = found[-1]
+    if not (folder / "meta.json").is_file():
+        raise ConfigError(f"RESUME={hp.resume}: {folder / 'meta.json'} does not exist; point RESUME at a "
+                          "step_NNNNNN folder of a checkpoint, or use RESUME=latest with the run's RUN_ID")
+    meta = json.loads((folder / "meta.json").read_text())
+    for name in MODEL_SHAPE_SETTINGS:
+        if meta["hyperparameters"][name] != getattr(hp, name):
+            raise ConfigError(f"RESUME={folder}: the checkpoint has {name.upper()}={meta['hyperparameters'][name]} "
+                              f"but this run has {name.upper()}={getattr(hp, name)}; set it to match")
+    hp.resume = str(folder)
+    return meta
+
+
+def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon: Muon, ema, state: LoopState,
+                    loader: DistributedTokenLoader, source_sha256: str) -> Path:
+    """Every rank writes into step_N.tmp/, which is renamed to step_N/ once complete, so a write
+    killed halfway leaves the earlier checkpoints as they were. Plain tensors and JSON only."""
+    root = Path(hp.checkpoint_dir) / hp.run_id
+    folder, tmp = root / f"step_{state.step:06d}", root / f"step_{state.step:06d}.tmp"
+    if layout.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(layout)
+    muon_state = muon.state_dict()["state"]  # a rank holds the momentum of the matrices it orthogonalizes
+    torch.save({i: v for i, v in muon_state.items() if i % layout.world_size == layout.rank},
+               tmp / f"muon_rank{layout.rank}.pt")
+    if layout.is_main:
+        torch.save({"model": model.state_dict(), "adam": adam.state_dict(), "ema": ema.params if ema else None,
+                    "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(layout.device) if layout.device.type == "cuda" else None},
+                   tmp / "state.pt")
+        meta = dict(run_id=hp.run_id, source_sha256=source_sha256, world_size=layout.world_size,
+                    loader=loader.stream.position(), hyperparameters=dataclasses.asdict(hp),
+                    **dataclasses.asdict(state))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    barrier(layout)
+    if layout.is_main:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoint_folders(root)[:-hp.keep_checkpoints] if hp.keep_checkpoints else []:
+            shutil.rmtree(old)
+    barrier(layout)
+    return folder
+
+
+def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, ema,
+                    loader: DistributedTokenLoader) -> LoopState:
+    """Restore a checkpoint into this run, whatever its world size (Muon's momentum is gathered
+    from every rank's file; each rank then keeps using the part it owns)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    saved = torch.load(folder / "state.pt", map_location=layout.device, weights_only=True)
+    model.load_state_dict(saved["model"])
+    adam.load_state_dict(saved["adam"])
+    muon_state = {}
+    for path in sorted(folder.glob("muon_rank*.pt")):
+        muon_state.update(torch.load(path, map_location=layout.device, weights_only=True))
+    muon.load_state_dict({"state": muon_state, "param_groups": muon.state_dict()["param_groups"]})
+    if ema and saved["ema"]:
+        torch._foreach_copy_(ema.params, saved["ema"])
+    torch.set_rng_state(saved["rng"].cpu())
+    if saved["cuda_rng"] is not None and layout.device.type == "cuda":
+        torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), layout.device)
+    loader.stream.seek(meta["loader"])
+    return LoopState(**{f.name: meta[f.name] for f in fields(LoopState)})
+
+
+def load_codec(tokenizer_path) -> tuple:
+    """(encode, decode) between text and ids, for a SentencePiece .model or the byte tokenizer."""
+    path = Path(tokenizer_path)
+    if path.suffix == ".json":
+        offset = int(json.loads(path.read_text())["byte_offset"])
+        return (lambda text: [b + offset for b in text.encode("utf-8")],
+                lambda ids: bytes(i - offset for i in ids if offset <= i < offset + 256).decode("utf-8", "replace"))
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    return sp.encode, sp.decode
+
+
+@torch.no_grad()
+def sample(model: GPT, codec, hp: Hyperparameters, layout: Layout, new_tokens: int = 32) -> list[str]:
+    """Greedy continuations of fixed prompts, so a user sees what the model learned."""
+    encode, decode = codec
+    was_training = model.training
+    model.eval()
+    texts = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = [BOS_ID] + encode(prompt)
+        for _ in range(new_tokens):
+            x = torch.tensor([ids[-hp.train_seq_len:]], device=layout.device)
+            with autocast(layout):
+                ids.append(int(model.logits(x)[0, -1].argmax()))
+        texts.append(decode(ids[1:]))
+    model.train(was_training)
+    return texts
+
+
+class StopSignal:
+    """The first SIGTERM or SIGINT asks the loop to finish its step, checkpoint and exit; a second
+    one exits at once."""
+
+    def __init__(self):
+        self.signum = 0
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self)
+
+    def __call__(self, signum, frame):
+        if self.signum:
+            os._exit(128 + signum)
+        self.signum = signum
+
+
 # ---- TRAINING ----
 
 
@@ -966,9 +1130,14 @@ def setup(environ=None) -> tuple[Hyperparameters, Layout]:
     shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training")
     shard_files(os.path.join(hp.data_path, "fineweb_val_*.bin"), "validation")
     load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size)
-    if hp.run_id and (Path(hp.log_dir) / f"{hp.run_id}.txt").exists():
-        raise ConfigError(f"RUN_ID={hp.run_id}: {Path(hp.log_dir) / (hp.run_id + '.txt')} already exists; "
-                          "choose another RUN_ID or move the old log away")
+    meta = resolve_resume(hp)
+    log_path = Path(hp.log_dir) / f"{hp.run_id}.txt"
+    if hp.run_id and log_path.exists():
+        # a resumed run continues its own log, if the script is still the one the log holds
+        same_script = meta and meta["source_sha256"] == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        if not (meta and meta["run_id"] == hp.run_id and same_script):
+            raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} already exists; choose another RUN_ID or move the "
+                              "old log away" + (" (the script changed since the checkpoint)" if meta else ""))
     device = pick_device(local_rank)
     layout = Layout(rank, world_size, local_rank, world_size > 1, device, accum,
                     resolve_mode(hp.compile, device), resolve_mode(hp.bf16, device))
@@ -998,7 +1167,10 @@ def main() -> None:
     if layout.is_main:
         Path(hp.log_dir).mkdir(parents=True, exist_ok=True)
         log = RunLog(Path(hp.log_dir) / f"{hp.run_id}.txt")
-        log.write_header(source, hp, layout, launch_command())
+        if log.path.exists():  # setup() let it through: a resume continues its own run's log
+            log(f"command: {launch_command()}")
+        else:
+            log.write_header(source, hp, layout, launch_command())
         for typo in misspelled_settings():
             log(f"WARNING: env var {typo} is not a setting and was ignored")
         print(f"logfile: {log.path}")
@@ -1042,58 +1214,98 @@ def main() -> None:
 
     ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
     qat_layers = qat_modules(base_model)
+    state = LoopState()
+    if hp.resume:
+        state = load_checkpoint(Path(hp.resume), layout, base_model, optimizers[0], muon, ema, loader)
+        log(f"resume: from {hp.resume} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
+    for module in qat_layers:
+        module.qat_on.fill_(float(state.qat_active))
+    codec = load_codec(hp.tokenizer_path) if hp.sample_every > 0 else None
+    stop_signal = StopSignal()
     flops_per_token, peak = count_flops_per_token(base_model, hp), peak_flops(device)
     max_wallclock_ms = 1000.0 * hp.max_wallclock_seconds
-    training_time_ms, elapsed_ms, stop_after_step, qat_active, step = 0.0, 0.0, None, False, 0
+    source_sha256 = hashlib.sha256(source).hexdigest()
+    stop_after_step, first_step = None, state.step
+
+    def pause_clock():  # validation, checkpoints and samples do not count as training time
+        synchronize(device)
+        state.training_time_ms += 1000.0 * (time.perf_counter() - t0)
+
+    def checkpoint(reason: str) -> Path:
+        folder = save_checkpoint(hp, layout, base_model, optimizers[0], muon, ema, state, loader, source_sha256)
+        log(f"checkpoint: {folder} step:{state.step} ({reason})")
+        return folder
+
     synchronize(device)
     t0 = time.perf_counter()
     while True:
+        step = state.step
         last_step = step == hp.iterations or (stop_after_step is not None and step >= stop_after_step)
-        if last_step or (hp.val_loss_every > 0 and step % hp.val_loss_every == 0):
-            synchronize(device)
-            training_time_ms += 1000.0 * (time.perf_counter() - t0)  # validation is not training time
+        validate = hp.val_loss_every > 0 and step % hp.val_loss_every == 0 and (step > first_step or step == 0)
+        if last_step or validate:
+            pause_clock()
             if ema:
                 ema.swap(base_model)  # score the weights that will be exported
             val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout)
             if ema:
                 ema.swap(base_model)
             log(f"step:{step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
-                f"train_time:{training_time_ms:.0f}ms step_avg:{training_time_ms / max(step, 1):.2f}ms")
+                f"train_time:{state.training_time_ms:.0f}ms step_avg:{state.training_time_ms / max(step, 1):.2f}ms")
             synchronize(device)
             t0 = time.perf_counter()
         if last_step:
             if stop_after_step is not None and step < hp.iterations:
-                log(f"stopping_early: wallclock_cap train_time:{training_time_ms:.0f}ms step:{step}/{hp.iterations}")
+                log(f"stopping_early: wallclock_cap train_time:{state.training_time_ms:.0f}ms "
+                    f"step:{step}/{hp.iterations}")
             break
 
         for group in muon.param_groups:
             group["momentum"] = muon_momentum(step, hp)
-        train_loss = train_step(model, loader, optimizers, hp, layout, lr_schedule(step, elapsed_ms, hp))
+        train_loss = train_step(model, loader, optimizers, hp, layout, lr_schedule(step, state.elapsed_ms, hp))
         if ema:
             ema.update(base_model)
-        step += 1
+        state.step = step = step + 1
 
-        elapsed_ms = training_time_ms + 1000.0 * (time.perf_counter() - t0)
+        state.elapsed_ms = state.training_time_ms + 1000.0 * (time.perf_counter() - t0)
         if hp.train_log_every > 0 and (step <= 10 or step % hp.train_log_every == 0):
-            tokens_per_s = hp.train_batch_tokens * step / (elapsed_ms / 1000.0)
-            line = (f"step:{step}/{hp.iterations} train_loss:{train_loss.item():.4f} train_time:{elapsed_ms:.0f}ms "
-                    f"step_avg:{elapsed_ms / step:.2f}ms tok/s:{tokens_per_s:.0f}")
+            tokens_per_s = hp.train_batch_tokens * step / (state.elapsed_ms / 1000.0)
+            line = (f"step:{step}/{hp.iterations} train_loss:{train_loss.item():.4f} "
+                    f"train_time:{state.elapsed_ms:.0f}ms step_avg:{state.elapsed_ms / step:.2f}ms tok/s:{tokens_per_s:.0f}")
             if peak is not None:
                 line += f" mfu:{100 * flops_per_token * tokens_per_s / (peak * layout.world_size):.1f}%"
             log(line)
-        if layout.distributed and max_wallclock_ms > 0:
-            # one clock for all ranks: the same LR, the same stop step and the same QAT step everywhere
-            clock = torch.tensor([elapsed_ms], dtype=torch.float64, device=device)
-            dist.all_reduce(clock, op=dist.ReduceOp.MAX)
-            elapsed_ms = clock.item()
-        if stop_after_step is None and max_wallclock_ms > 0 and elapsed_ms >= max_wallclock_ms:
+        signum = stop_signal.signum
+        if layout.distributed:
+            # one clock and one signal for all ranks: the same LR, stop, QAT and checkpoint step everywhere
+            agreed = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            state.elapsed_ms, signum = agreed[0].item(), int(agreed[1].item())
+        if stop_after_step is None and max_wallclock_ms > 0 and state.elapsed_ms >= max_wallclock_ms:
             stop_after_step = step
-        progress = max(step / max(hp.iterations, 1), elapsed_ms / max_wallclock_ms if max_wallclock_ms else 0.0)
-        if qat_layers and not qat_active and progress >= hp.qat_start_frac:
-            qat_active = True
+        progress = max(step / max(hp.iterations, 1), state.elapsed_ms / max_wallclock_ms if max_wallclock_ms else 0)
+        if qat_layers and not state.qat_active and progress >= hp.qat_start_frac:
+            state.qat_active = True
             for module in qat_layers:
                 module.qat_on.fill_(1.0)
             log(f"late_qat: on from step:{step} int{hp.quant_bits} fake quantization of the block matrices")
+        periodic_save = hp.save_every > 0 and (step % hp.save_every == 0 or step in (hp.iterations, stop_after_step))
+        periodic_sample = hp.sample_every > 0 and step % hp.sample_every == 0 and step < hp.iterations
+        if signum or periodic_save or periodic_sample:
+            pause_clock()
+            if periodic_sample and layout.is_main:
+                for text in sample(base_model, codec, hp, layout):
+                    log(f"sample: {text!r}")
+            if signum or periodic_save:
+                folder = checkpoint(signal.Signals(signum).name if signum else "periodic")
+            if signum:
+                resume = launch_command({**os.environ, "RESUME": str(folder), "RUN_ID": hp.run_id})
+                log(f"stopped by {signal.Signals(signum).name} after step:{step}; resume with: {resume}")
+                barrier(layout)
+                if layout.distributed:
+                    dist.destroy_process_group()
+                sys.exit(128 + signum)
+            synchronize(device)
+            t0 = time.perf_counter()
 
     if device.type == "cuda":
         log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
@@ -1125,6 +1337,9 @@ def main() -> None:
         log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
         log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+    if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
+        for text in sample(base_model, codec, hp, layout):
+            log(f"sample: {text!r}")
     if layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
         dist.destroy_process_group()

@@ -1,0 +1,157 @@
+"""Checkpoints, exact resume, graceful stop and samples."""
+
+import hashlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train_gpt as tg
+from conftest import ROOT, run_trainer
+
+FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
+# EMA and late QAT on, so their state has to survive the resume too
+LONG_RUN = dict(ITERATIONS="20", SAVE_EVERY="5", KEEP_CHECKPOINTS="3", EMA_DECAY="0.9", QAT_START_FRAC="0.3",
+                QUANT_BITS="6", VAL_LOSS_EVERY="10")
+
+
+def artifact_sha(cwd, run_id) -> str:
+    return hashlib.sha256((cwd / "logs" / f"{run_id}_model.int6_zlib.ptz").read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def straight_run(tiny_data, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("straight")
+    out = run_trainer(tiny_data.env(RUN_ID="straight", **LONG_RUN), cwd)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return cwd, out
+
+
+def test_periodic_checkpoints_keep_the_newest(straight_run):
+    cwd, out = straight_run
+    folders = tg.checkpoint_folders(cwd / "checkpoints" / "straight")
+    assert [f.name for f in folders] == ["step_000010", "step_000015", "step_000020"]
+    meta = json.loads((folders[0] / "meta.json").read_text())
+    assert meta["step"] == 10 and meta["qat_active"] is True and meta["training_time_ms"] > 0
+
+
+def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
+    cwd, out = straight_run
+    resumed = run_trainer(tiny_data.env(RUN_ID="resumed", RESUME="checkpoints/straight/step_000010", **LONG_RUN), cwd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume: from checkpoints/straight/step_000010 at step:10" in resumed.stdout
+    assert FINAL_RE.search(resumed.stdout).group(0) == FINAL_RE.search(out.stdout).group(0)
+    assert artifact_sha(cwd, "resumed") == artifact_sha(cwd, "straight"), "the exported weights differ"
+
+
+def test_resume_on_two_processes(tiny_data, tmp_path):
+    outs = [run_trainer(tiny_data.env(RUN_ID="pair", **LONG_RUN), tmp_path, nproc=2)]
+    outs.append(run_trainer(tiny_data.env(RUN_ID="pair2", RESUME="checkpoints/pair/step_000015", **LONG_RUN),
+                            tmp_path, nproc=2))
+    assert all(o.returncode == 0 for o in outs), outs[-1].stderr[-3000:]
+    straight, resumed = (float(FINAL_RE.search(o.stdout).group(1)) for o in outs)
+    assert abs(straight - resumed) < 1e-6
+    assert len(list((tmp_path / "checkpoints" / "pair" / "step_000015").glob("muon_rank*.pt"))) == 2
+
+
+def tiny_training(tiny_data, tmp_path, **overrides):
+    hp = tg.Hyperparameters(**{**dict(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=32, num_heads=4,
+                                      num_kv_heads=2, train_seq_len=16, run_id="unit",
+                                      checkpoint_dir=str(tmp_path / "ckpt")), **overrides})
+    layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
+    model = tg.GPT(hp)
+    optimizers, muon = tg.build_optimizers(model, hp, layout)
+    loader = tg.DistributedTokenLoader(str(tiny_data.data_path / "fineweb_train_*.bin"), 0, 1, layout.device)
+    return hp, layout, model, optimizers, muon, loader
+
+
+def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
+    hp, layout, model, (adam, muon), _, loader = tiny_training(tiny_data, tmp_path)
+    tg.train_step(model, loader, [adam, muon], hp, layout, 1.0)
+    first = tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=1), loader, "sha")
+    tg.train_step(model, loader, [adam, muon], hp, layout, 1.0)
+    real_save, calls = torch.save, []
+
+    def dying_save(obj, path, *args, **kwargs):  # the second file of the checkpoint never gets written
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("killed mid-write")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(OSError, match="killed mid-write"):
+        tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=2), loader, "sha")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert tg.checkpoint_folders(first.parent) == [first], "the half-written step_000002 must not count"
+    assert (first.parent / "step_000002.tmp").exists()
+    hp.resume = "latest"
+    assert tg.resolve_resume(hp)["step"] == 1
+    fresh = tiny_training(tiny_data, tmp_path)
+    state = tg.load_checkpoint(first, layout, fresh[2], *fresh[3], None, fresh[5])
+    assert state.step == 1
+
+
+def test_checkpoint_of_another_model_is_refused(tiny_data, tmp_path):
+    hp, layout, model, (adam, muon), _, loader = tiny_training(tiny_data, tmp_path)
+    folder = tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=3), loader, "sha")
+    other = tg.Hyperparameters(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=64, num_heads=4,
+                               num_kv_heads=2, resume=str(folder))
+    with pytest.raises(tg.ConfigError, match="the checkpoint has MODEL_DIM=32 but this run has MODEL_DIM=64"):
+        tg.resolve_resume(other)
+    missing = tg.Hyperparameters(resume=str(tmp_path / "nowhere"))
+    with pytest.raises(tg.ConfigError, match="meta.json does not exist"):
+        tg.resolve_resume(missing)
+
+
+def test_sigterm_checkpoints_then_resume_latest_continues_the_log(tiny_data, tmp_path):
+    env = tiny_data.env(RUN_ID="long", ITERATIONS="100000", TRAIN_LOG_EVERY="1")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    for line in proc.stdout:  # wait until training is under way
+        if line.startswith("step:3/") or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    match = re.search(r"stopped by SIGTERM after step:(\d+); resume with: (.*)", stdout)
+    assert match and "RESUME=checkpoints/long/step_" in match.group(2) and "RUN_ID=long" in match.group(2)
+    stopped_at = int(match.group(1))
+    assert tg.checkpoint_folders(tmp_path / "checkpoints" / "long")[-1].name == f"step_{stopped_at:06d}"
+    # resume the newest checkpoint of the run, this time with an end in sight; its log continues
+    out = run_trainer(tiny_data.env(RUN_ID="long", RESUME="latest", ITERATIONS=str(stopped_at + 3)), tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (tmp_path / "logs" / "long.txt").read_text()
+    assert len(re.findall(r"^==== train_gpt.py source bytes:", log, flags=re.M)) == 1, "one header, then appended"
+    assert f"resume: from checkpoints/long/step_{stopped_at:06d} at step:{stopped_at}" in log
+    assert f"step:{stopped_at + 3}/{stopped_at + 3} val_loss" in log
+
+
+def test_samples_decode_to_text(tiny_data):
+    hp = tg.Hyperparameters(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=32, num_heads=4,
+                            num_kv_heads=2, train_seq_len=16)
+    layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
+    texts = tg.sample(tg.GPT(hp), tg.load_codec(tiny_data.tokenizer_path), hp, layout, new_tokens=5)
+    assert len(texts) == len(tg.SAMPLE_PROMPTS)
+    for prompt, text in zip(tg.SAMPLE_PROMPTS, texts):
+        assert isinstance(text, str) and text.startswith(prompt) and len(text) > len(prompt)
+
+
+def test_byte_codec_round_trips(tmp_path):
+    (tmp_path / "byte260.json").write_text(json.dumps({"kind": "byte", "vocab_size": 260, "byte_offset": 4}))
+    encode, decode = tg.load_codec(tmp_path / "byte260.json")
+    text = "Fellow citizens — ünïcödé 🚀"
+    assert decode(encode(text)) == text and min(encode(text)) >= 4
+
+
+def test_end_of_run_samples_are_logged(straight_run, tiny_data, tmp_path):
+    out = run_trainer(tiny_data.env(RUN_ID="talk", ITERATIONS="4", SAMPLE_EVERY="2"), tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    samples = re.findall(r"^sample: '(.*)'$", out.stdout, flags=re.M)
+    assert len(samples) == 2 * len(tg.SAMPLE_PROMPTS), "at step 2 and after the export"
+    assert samples[0].startswith(tg.SAMPLE_PROMPTS[0])
