@@ -879,7 +879,7 @@ def launch_command(environ=None) -> str:
 # ---- CHECKPOINTS AND SAMPLES ----
 
 MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
-                        "tie_embeddings")
+                        "tie_embeddings", "rope_base", "logit_softcap")
 SAMPLE_PROMPTS = ("The President", "Congress shall", "In the year 1850,")
 BOS_ID = 1
 
@@ -923,6 +923,10 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
         if meta["hyperparameters"][name] != getattr(hp, name):
             raise ConfigError(f"RESUME={folder}: the checkpoint has {name.upper()}={meta['hyperparameters'][name]} "
                               f"but this run has {name.upper()}={getattr(hp, name)}; set it to match")
+    newer = [p for p in checkpoint_folders(Path(hp.checkpoint_dir) / hp.run_id) if p.name > folder.name]
+    if meta["run_id"] == hp.run_id and newer:  # its next checkpoints would interleave with another history
+        raise ConfigError(f"RESUME={folder}: RUN_ID={hp.run_id} already has later checkpoints ({newer[-1].name}); "
+                          "resume the newest with RESUME=latest, or continue this one under a new RUN_ID")
     hp.resume = str(folder)
     return meta
 
@@ -953,7 +957,8 @@ def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon:
     if layout.is_main:
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
-        for old in checkpoint_folders(root)[:-hp.keep_checkpoints] if hp.keep_checkpoints else []:
+        stale = [p for p in root.glob("step_*.tmp") if p != tmp]  # writes that were killed halfway
+        for old in stale + (checkpoint_folders(root)[:-hp.keep_checkpoints] if hp.keep_checkpoints else []):
             shutil.rmtree(old)
     barrier(layout)
     return folder
@@ -966,13 +971,14 @@ def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, 
     meta = json.loads((folder / "meta.json").read_text())
     saved = torch.load(folder / "state.pt", map_location=layout.device, weights_only=True)
     model.load_state_dict(saved["model"])
-    adam.load_state_dict(saved["adam"])
+    # only the state: learning rates, betas and the like come from this run's settings
+    adam.load_state_dict({"state": saved["adam"]["state"], "param_groups": adam.state_dict()["param_groups"]})
     muon_state = {}
     for path in sorted(folder.glob("muon_rank*.pt")):
         muon_state.update(torch.load(path, map_location=layout.device, weights_only=True))
     muon.load_state_dict({"state": muon_state, "param_groups": muon.state_dict()["param_groups"]})
-    if ema and saved["ema"]:
-        torch._foreach_copy_(ema.params, saved["ema"])
+    if ema:  # a run that turns the EMA on at the resume starts it from the resumed weights
+        torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in model.parameters()])
     torch.set_rng_state(saved["rng"].cpu())
     if saved["cuda_rng"] is not None and layout.device.type == "cuda":
         torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), layout.device)
@@ -1016,14 +1022,16 @@ class StopSignal:
     one exits at once."""
 
     def __init__(self):
-        self.signum = 0
+        self.signum, self.first_at = 0, 0.0
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self)
 
     def __call__(self, signum, frame):
-        if self.signum:
+        now = time.monotonic()
+        if not self.signum:
+            self.signum, self.first_at = signum, now
+        elif now - self.first_at > 2.0:  # a scheduler and torchrun may both deliver the first one
             os._exit(128 + signum)
-        self.signum = signum
 
 
 # ---- TRAINING ----
@@ -1214,10 +1222,12 @@ def main() -> None:
 
     ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
     qat_layers = qat_modules(base_model)
-    state = LoopState()
+    state, stop_after_step = LoopState(), None
     if hp.resume:
         state = load_checkpoint(Path(hp.resume), layout, base_model, optimizers[0], muon, ema, loader)
         log(f"resume: from {hp.resume} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
+        if hp.max_wallclock_seconds > 0 and state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
+            stop_after_step = state.step  # the budget was spent before the checkpoint
     for module in qat_layers:
         module.qat_on.fill_(float(state.qat_active))
     codec = load_codec(hp.tokenizer_path) if hp.sample_every > 0 else None
@@ -1225,7 +1235,7 @@ def main() -> None:
     flops_per_token, peak = count_flops_per_token(base_model, hp), peak_flops(device)
     max_wallclock_ms = 1000.0 * hp.max_wallclock_seconds
     source_sha256 = hashlib.sha256(source).hexdigest()
-    stop_after_step, first_step = None, state.step
+    first_step = state.step
 
     def pause_clock():  # validation, checkpoints and samples do not count as training time
         synchronize(device)
@@ -1240,7 +1250,7 @@ def main() -> None:
     t0 = time.perf_counter()
     while True:
         step = state.step
-        last_step = step == hp.iterations or (stop_after_step is not None and step >= stop_after_step)
+        last_step = step >= hp.iterations or (stop_after_step is not None and step >= stop_after_step)
         validate = hp.val_loss_every > 0 and step % hp.val_loss_every == 0 and (step > first_step or step == 0)
         if last_step or validate:
             pause_clock()

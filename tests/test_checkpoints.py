@@ -56,6 +56,7 @@ def test_resume_on_two_processes(tiny_data, tmp_path):
     assert all(o.returncode == 0 for o in outs), outs[-1].stderr[-3000:]
     straight, resumed = (float(FINAL_RE.search(o.stdout).group(1)) for o in outs)
     assert abs(straight - resumed) < 1e-6
+    assert artifact_sha(tmp_path, "pair2") == artifact_sha(tmp_path, "pair"), "same world size: bitwise too"
     assert len(list((tmp_path / "checkpoints" / "pair" / "step_000015").glob("muon_rank*.pt"))) == 2
 
 
@@ -108,6 +109,17 @@ def test_checkpoint_of_another_model_is_refused(tiny_data, tmp_path):
         tg.resolve_resume(missing)
 
 
+def test_resuming_an_older_checkpoint_of_the_same_run_is_refused(tiny_data, tmp_path):
+    hp, layout, model, (adam, muon), _, loader = tiny_training(tiny_data, tmp_path)
+    older = tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=1), loader, "sha")
+    tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=2), loader, "sha")
+    hp.resume = str(older)
+    with pytest.raises(tg.ConfigError, match="RUN_ID=unit already has later checkpoints \\(step_000002\\)"):
+        tg.resolve_resume(hp)
+    hp.run_id, hp.resume = "branch", str(older)  # the same checkpoint under a new RUN_ID is fine
+    assert tg.resolve_resume(hp)["step"] == 1
+
+
 def test_sigterm_checkpoints_then_resume_latest_continues_the_log(tiny_data, tmp_path):
     env = tiny_data.env(RUN_ID="long", ITERATIONS="100000", TRAIN_LOG_EVERY="1")
     proc = subprocess.Popen([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=tmp_path,
@@ -149,7 +161,7 @@ def test_byte_codec_round_trips(tmp_path):
     assert decode(encode(text)) == text and min(encode(text)) >= 4
 
 
-def test_end_of_run_samples_are_logged(straight_run, tiny_data, tmp_path):
+def test_end_of_run_samples_are_logged(tiny_data, tmp_path):
     out = run_trainer(tiny_data.env(RUN_ID="talk", ITERATIONS="4", SAMPLE_EVERY="2"), tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     samples = re.findall(r"^sample: '(.*)'$", out.stdout, flags=re.M)
