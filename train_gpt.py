@@ -1339,6 +1339,8 @@ def main() -> None:
     if layout.distributed:
         dist.barrier()
     base_model.load_state_dict(load_artifact(artifact_path), strict=True)
+    for module in qat_layers:  # the weights are quantized now; fake quantization would only cost time
+        module.qat_on.fill_(0.0)
     for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
         synchronize(device)
         t_eval = time.perf_counter()
