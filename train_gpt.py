@@ -628,8 +628,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
 
-def qat_modules(model: GPT) -> list[CastedLinear]:
-    return [m for m in model.blocks.modules() if isinstance(m, CastedLinear) and m.qat_bits]
+def enable_late_qat(model: GPT, bits: int) -> list[CastedLinear]:
+    """Give every block matrix its QAT switch (off until the loop turns it on); returns them."""
+    layers = [m for m in model.blocks.modules() if isinstance(m, CastedLinear)]
+    for layer in layers:
+        layer.enable_qat(bits)
+    return layers
 
 
 def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
@@ -1191,10 +1195,7 @@ def main() -> None:
 
     base_model = GPT(hp).to(device)
     log(f"model_params:{sum(p.numel() for p in base_model.parameters())}")
-    if hp.qat_start_frac < 1.0:
-        for module in base_model.blocks.modules():
-            if isinstance(module, CastedLinear):
-                module.enable_qat(hp.quant_bits)
+    qat_layers = enable_late_qat(base_model, hp.quant_bits) if hp.qat_start_frac < 1.0 else []
     optimizers, muon = build_optimizers(base_model, hp, layout)
     compiled = base_model
     if layout.use_compile:
@@ -1221,7 +1222,6 @@ def main() -> None:
         loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
 
     ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
-    qat_layers = qat_modules(base_model)
     state, stop_after_step = LoopState(), None
     if hp.resume:
         state = load_checkpoint(Path(hp.resume), layout, base_model, optimizers[0], muon, ema, loader)

@@ -158,14 +158,12 @@ def test_ema_update_matches_formula_and_swap_restores():
 def qat_model() -> tg.GPT:
     hp = tiny_hp(num_layers=1, quant_bits=4, qat_start_frac=0.5)
     model = random_model(hp)
-    for module in model.blocks.modules():
-        if isinstance(module, tg.CastedLinear):
-            module.enable_qat(hp.quant_bits)
+    model.qat_layers = tg.enable_late_qat(model, hp.quant_bits)
     return model
 
 
 def set_qat(model: tg.GPT, on: bool) -> None:
-    for module in tg.qat_modules(model):
+    for module in model.qat_layers:
         module.qat_on.fill_(float(on))
 
 
@@ -184,7 +182,7 @@ def test_qat_switch_changes_the_output(compiled):
     torch.testing.assert_close(off_again, off)
     # and QAT on equals the model with its block matrices really quantized
     with torch.no_grad():
-        for module in tg.qat_modules(model):
+        for module in model.qat_layers:
             q, scale = tg.quantize_rows(module.weight, 4)
             module.weight.copy_(q * scale[:, None])
         torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
@@ -193,7 +191,7 @@ def test_qat_switch_changes_the_output(compiled):
 def test_qat_gradient_is_straight_through():
     model = qat_model()
     set_qat(model, True)
-    layer = tg.qat_modules(model)[0]
+    layer = model.qat_layers[0]
     x = torch.randn(3, layer.in_features)
     layer(x).sum().backward()
     expected = torch.ones(3, layer.out_features).T @ x  # d(sum(x W^T))/dW, as if unquantized
