@@ -50,7 +50,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class ConfigError(ValueError):
-    """A bad setting or input; raised before any training work, printed without a traceback."""
+    """A bad setting or input (raised before any training work), or a run that cannot go on;
+    printed without a traceback."""
 
 
 DATA_HINT = (
@@ -58,7 +59,6 @@ DATA_HINT = (
     "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model), or fetch the challenge's data with "
     "`python data/download_challenge.py --variant sp1024`"
 )
-
 
 @dataclass
 class Hyperparameters:
@@ -91,6 +91,18 @@ class Hyperparameters:
     rope_base: float = 10_000.0
     logit_softcap: float = 30.0
     qk_gain_init: float = 1.5
+    mlp_leaky_slope: float = 0.0  # MLP activation leaky_relu(x, slope)^2; 0: relu^2
+    rope_dims: int = 0  # rotate only the first N dims of each head; 0: all
+    ln_scale: bool = False  # scale each block's normed inputs by 1/sqrt(layer index + 1)
+    xsa_last_n: int = 0  # exclusive self-attention in the last N layers
+    smear_gate: bool = False  # gated mix of the previous token's embedding into each token's, never across BOS
+    bigram_buckets: int = 0  # hashed (previous, current) token-pair embedding with this many rows; 0: off
+    bigram_dim: int = 128
+    loop_start: int = 0  # depth recurrence: layers LOOP_START..LOOP_END run 1 + LOOP_REPEATS times ...
+    loop_end: int = 0
+    loop_repeats: int = 0  # 0: off
+    loop_start_frac: float = 0.5  # ... from this fraction of the training budget on
+    parallel_from: int = 0  # two residual lanes from this layer on; 0: off
     # optimizer
     embed_lr: float = 0.6
     head_lr: float = 0.008
@@ -106,6 +118,13 @@ class Hyperparameters:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0  # 0: off
+    muon_wd: float = 0.0  # decoupled weight decay p <- p * (1 - lr * wd) of Muon's matrices,
+    embed_wd: float = 0.0  # ... of the embedding(s) (AdamW)
+    scalar_wd: float = 0.0  # ... and of the vectors and control tensors (AdamW)
+    muon_row_norm: bool = False  # normalize each row of the update before orthogonalizing (MuonEq-R)
+    muon_polar: bool = False  # Polar Express per-iteration coefficients instead of the fixed quintic
+    warmdown_frac: float = 0.0  # warm down over this fraction of the step or wallclock budget; 0: WARMDOWN_ITERS
+    min_lr_scale: float = 0.0  # the LR multiplier's floor at the end of the warmdown
     ema_decay: float = 0.0  # 0: off; else the EMA of the weights is evaluated and exported
     qat_start_frac: float = 1.0  # late QAT from this fraction of the training budget on; 1: never
     # evaluation and export
@@ -149,7 +168,9 @@ class Hyperparameters:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be positive")
         for name in ["iterations", "warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
                      "muon_momentum_warmup_steps", "max_wallclock_seconds", "grad_clip_norm", "eval_seq_len",
-                     "eval_stride", "save_every", "keep_checkpoints", "sample_every"]:
+                     "eval_stride", "save_every", "keep_checkpoints", "sample_every", "mlp_leaky_slope", "rope_dims",
+                     "xsa_last_n", "bigram_buckets", "bigram_dim", "loop_start", "loop_end", "loop_repeats",
+                     "parallel_from", "muon_wd", "embed_wd", "scalar_wd"]:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be >= 0 (0 turns it off)")
         if self.num_layers < 2:
@@ -176,9 +197,23 @@ class Hyperparameters:
                               f"{self.eval_seq_len or self.train_seq_len}; use a stride of at most EVAL_SEQ_LEN")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 turns the EMA off, 0.997 is typical")
-        if not 0.0 <= self.qat_start_frac <= 1.0:
-            raise ConfigError(f"QAT_START_FRAC={self.qat_start_frac} must be in [0, 1]; 1 turns late QAT off")
-
+        for name in ("qat_start_frac", "loop_start_frac", "warmdown_frac", "min_lr_scale"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name.upper()}={getattr(self, name)} must be in [0, 1]")
+        if self.rope_dims % 2 or self.rope_dims > head_dim:
+            raise ConfigError(f"ROPE_DIMS={self.rope_dims} must be even and at most the head dim {head_dim}")
+        if self.loop_repeats and not self.loop_start <= self.loop_end < self.num_layers:
+            raise ConfigError(f"LOOP_START={self.loop_start} LOOP_END={self.loop_end}: need 0 <= LOOP_START <= "
+                              f"LOOP_END < NUM_LAYERS={self.num_layers}")
+        if self.parallel_from and self.loop_repeats and self.parallel_from <= self.loop_end:
+            raise ConfigError(f"PARALLEL_FROM={self.parallel_from} must come after the looped layers "
+                              f"(LOOP_END={self.loop_end}), so each block runs in one residual mode")
+        if self.xsa_last_n > self.num_layers or self.parallel_from >= self.num_layers:
+            raise ConfigError(f"XSA_LAST_N={self.xsa_last_n} / PARALLEL_FROM={self.parallel_from} must name layers "
+                              f"among the NUM_LAYERS={self.num_layers}")
+        if self.bigram_buckets == 1 or (self.bigram_buckets and not self.bigram_dim):
+            raise ConfigError(f"BIGRAM_BUCKETS={self.bigram_buckets} BIGRAM_DIM={self.bigram_dim}: use at least 2 "
+                              "buckets (one is kept for 'no previous token') and a positive dim, or 0 buckets")
 
 def _parse_env_value(name: str, raw: str, default):
     text = raw.strip()
@@ -199,7 +234,6 @@ def _parse_env_value(name: str, raw: str, default):
         raise ConfigError(f"{name}={raw!r} is not {kind}; set it like {name}={example}") from None
     return text
 
-
 @dataclass
 class Layout:
     """Where this process sits: ranks, device, accumulation, numeric modes."""
@@ -215,7 +249,6 @@ class Layout:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
 
 def resolve_grad_accum(hp: Hyperparameters, world_size: int) -> int:
     if hp.grad_accum_steps == 0 and 8 % world_size:
@@ -244,13 +277,11 @@ def pick_device(local_rank: int) -> torch.device:
         return torch.device("mps")
     return torch.device("cpu")
 
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-
 
 def resolve_mode(setting: str, device: torch.device) -> bool:
     return setting == "1" if setting != "auto" else device.type == "cuda"
@@ -258,7 +289,6 @@ def resolve_mode(setting: str, device: torch.device) -> bool:
 
 # Dense bf16 peak per GPU, for MFU. Unknown GPUs get no MFU field rather than a made-up one.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
-
 
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
@@ -270,22 +300,28 @@ def peak_flops(device: torch.device) -> float | None:
 # ---- MUON OPTIMIZER ----
 
 
-def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16) -> Tensor:
-    """Approximately orthogonalize G (push its singular values towards 1) with a quintic
-    Newton-Schulz iteration, in bf16 by default. The coefficients trade exactness for speed:
-    singular values land in roughly [0.7, 1.2], which Muon tolerates (Keller Jordan, modded-nanogpt)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+# One (a, b, c) per Newton-Schulz iteration, the last repeated. The fixed quintic trades exactness for
+# speed: singular values land in roughly [0.7, 1.2], which Muon tolerates (Keller Jordan, modded-nanogpt).
+# Polar Express (Amsel et al. 2025) picks each iteration's coefficients to shrink the band fastest.
+QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
+POLAR_EXPRESS_COEFFS = ((8.1566, -22.4833, 15.8788), (4.0429, -2.8089, 0.5000), (3.8917, -2.7725, 0.5061),
+                        (3.2858, -2.3681, 0.4645), (2.3465, -1.7098, 0.4232))
+
+def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16,
+                                coeffs=QUINTIC_COEFFS) -> Tensor:
+    """Approximately orthogonalize G (push its singular values towards 1) with quintic
+    Newton-Schulz iterations X <- aX + (bA + cA^2)X, A = XX^T, in bf16 by default."""
     X = G.to(dtype)
     X = X / (X.norm() + eps)
     transposed = X.size(0) > X.size(1)
     if transposed:  # iterate on the wide orientation: X @ X.T is the smaller Gram matrix
         X = X.T
-    for _ in range(steps):
+    for i in range(steps):
+        a, b, c = coeffs[min(i, len(coeffs) - 1)]
         A = X @ X.T
         B = b * A + c * A @ A
         X = a * X + B @ X
     return X.T if transposed else X
-
 
 class Muon(torch.optim.Optimizer):
     """Momentum + Nesterov, then orthogonalized updates for 2-D matrices. Each rank orthogonalizes
@@ -294,10 +330,12 @@ class Muon(torch.optim.Optimizer):
     where bf16 rounding amplifies the different gradient summation order to ~1e-4 in loss."""
 
     def __init__(self, params, lr: float, momentum: float, backend_steps: int, nesterov: bool = True,
-                 update_dtype=torch.bfloat16):
-        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov))
+                 update_dtype=torch.bfloat16, weight_decay: float = 0.0, row_norm: bool = False,
+                 coeffs=QUINTIC_COEFFS):
+        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov,
+                                      weight_decay=weight_decay))
         self.orthogonalize = zeropower_via_newtonschulz5
-        self.update_dtype = update_dtype
+        self.update_dtype, self.row_norm, self.coeffs = update_dtype, row_norm, coeffs
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -319,7 +357,9 @@ class Muon(torch.optim.Optimizer):
                     buf = state["momentum_buffer"]
                     buf.mul_(group["momentum"]).add_(p.grad)
                     g = p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
-                    g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype)
+                    if self.row_norm:  # equal-norm rows, so no row dominates the orthogonalization
+                        g = g / (g.norm(dim=1, keepdim=True) + 1e-7)
+                    g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
                     g = g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # keep tall matrices' RMS update comparable
                     updates[offset:offset + p.numel()] = g.flatten()
                 offset += p.numel()
@@ -327,6 +367,8 @@ class Muon(torch.optim.Optimizer):
                 dist.all_reduce(updates, op=dist.ReduceOp.SUM)
             offset = 0
             for p in params:
+                if group["weight_decay"]:  # decoupled: shrinks the weights, so their compressed size too
+                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
                 p.add_(updates[offset:offset + p.numel()].view_as(p).to(p.dtype), alpha=-group["lr"])
                 offset += p.numel()
 
@@ -337,7 +379,7 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256
 SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
-
+BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 
 def load_data_shard(path) -> Tensor:
     """Read one token shard: 256 little-endian int32 header, then uint16 tokens. Every header
@@ -361,13 +403,11 @@ def load_data_shard(path) -> Tensor:
                          f"({expected} bytes): it is {what}; {fix}")
     return torch.from_numpy(np.fromfile(path, dtype="<u2", count=num_tokens, offset=SHARD_HEADER_BYTES))
 
-
 def shard_files(pattern: str, what: str) -> list[str]:
     files = sorted(glob.glob(pattern))
     if not files:
         raise ConfigError(f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
     return files
-
 
 class TokenStream:
     """Walks the shards in order, one at a time, wrapping around at the end."""
@@ -403,7 +443,6 @@ class TokenStream:
         self.file_index, self.pos = position
         self.tokens = load_data_shard(self.files[self.file_index])
 
-
 class DistributedTokenLoader:
     """Every rank reads the same global chunk and keeps its own contiguous span of it; the extra
     token per span supplies the last target."""
@@ -424,7 +463,6 @@ class DistributedTokenLoader:
         x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
         y = local[1:].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
         return x, y
-
 
 def load_validation_tokens(pattern: str, seq_len: int) -> Tensor:
     tokens = torch.cat([load_data_shard(f) for f in shard_files(pattern, "validation")])
@@ -447,7 +485,6 @@ class ByteLuts:
 
     def to(self, device) -> "ByteLuts":
         return ByteLuts(*(t.to(device) for t in dataclasses.astuple(self)))
-
 
 def load_tokenizer_luts(tokenizer_path, vocab_size: int) -> ByteLuts:
     """Byte tables for a SentencePiece .model or the 260-id byte tokenizer's .json."""
@@ -485,7 +522,6 @@ def load_tokenizer_luts(tokenizer_path, vocab_size: int) -> ByteLuts:
                           f"{size} ids; set VOCAB_SIZE={size}")
     return luts
 
-
 def count_target_bytes(prev_ids: Tensor, target_ids: Tensor, luts: ByteLuts) -> Tensor:
     """Bytes each target token stands for. A leading "▁" is a real space except right after a
     boundary token, where the decoder drops it (documents start after BOS)."""
@@ -494,47 +530,39 @@ def count_target_bytes(prev_ids: Tensor, target_ids: Tensor, luts: ByteLuts) -> 
 
 # ---- MODEL ----
 
-CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights")
-
+CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "lane_mix", "smear_gate")
 
 class CastedLinear(nn.Linear):
-    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. With late
-    QAT configured (qat_bits > 0), the weight passes through the export's fake quantization once
-    the qat_on buffer is 1. A buffer, not a Python flag: torch.compile would constant-fold a flag
-    and QAT would silently never run."""
+    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. While qat_bits
+    is set (late QAT), the weight passes through the export's fake quantization. A plain attribute:
+    torch.compile guards on it and compiles a second graph, which warmup primes (set_phase)."""
 
     qat_bits = 0
 
-    def enable_qat(self, bits: int) -> None:
-        self.qat_bits = bits
-        self.register_buffer("qat_on", torch.zeros((), device=self.weight.device), persistent=False)
-
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight
-        if self.qat_bits:
-            w = torch.lerp(w, fake_quantize(w, self.qat_bits), self.qat_on)
+        w = fake_quantize(self.weight, self.qat_bits) if self.qat_bits else self.weight
         return F.linear(x, w.to(x.dtype))  # every layer here is bias-free
-
 
 def rms_norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
-
-def rotary_cos_sin(seq_len: int, head_dim: int, base: float, device, dtype) -> tuple[Tensor, Tensor]:
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
-    return freqs.cos().to(dtype)[None, None], freqs.sin().to(dtype)[None, None]  # (1, 1, T, hd/2)
-
+def rotary_cos_sin(seq_len: int, rope_dims: int, base: float) -> tuple[Tensor, Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, rope_dims/2)
+    return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, rope_dims/2)
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
+    """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
+    rotated = 2 * cos.size(-1)
+    x1, x2 = x[..., :rotated].chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out if rotated == x.size(-1) else torch.cat((out, x[..., rotated:]), dim=-1)
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, rope_base: float, qk_gain_init: float):
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, rope_base: float, qk_gain_init: float,
+                 rope_dims: int = 0, xsa: bool = False, max_seq_len: int = 1024):
         super().__init__()
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.num_heads, self.num_kv_heads, self.xsa = num_heads, num_kv_heads, xsa
         self.head_dim = dim // num_heads
         kv_dim = num_kv_heads * self.head_dim
         self.c_q = CastedLinear(dim, dim, bias=False)
@@ -542,7 +570,10 @@ class CausalSelfAttention(nn.Module):
         self.c_v = CastedLinear(dim, kv_dim, bias=False)
         self.proj = CastedLinear(dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
-        self.rope_base = rope_base
+        # fp32 tables computed once, not per element inside the kernels; not saved, and not broadcast by DDP
+        cos, sin = rotary_cos_sin(max_seq_len, rope_dims or self.head_dim, rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention sharpness is learned here, per head
         self.q_gain = nn.Parameter(torch.full((num_heads,), qk_gain_init, dtype=torch.float32))
 
@@ -551,74 +582,121 @@ class CausalSelfAttention(nn.Module):
         q = self.c_q(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = self.c_k(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.c_v(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        cos, sin = rotary_cos_sin(T, self.head_dim, self.rope_base, x.device, q.dtype)
-        q = apply_rotary(rms_norm(q), cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
-        k = apply_rotary(rms_norm(k), cos, sin)
+        cos, sin = self.rope_cos[:, :, :T], self.rope_sin[:, :, :T]
+        q, k = rms_norm(q), rms_norm(k)  # fp32 on CUDA (autocast runs rms_norm in fp32), as are cos, sin, q_gain
+        q = apply_rotary(q, cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
+        k = apply_rotary(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=self.num_kv_heads != self.num_heads)  # (B, H, T, hd)
+        if self.xsa:  # exclusive self-attention: drop each head's component along its token's own value
+            y = y.view(B, self.num_kv_heads, self.num_heads // self.num_kv_heads, T, self.head_dim)
+            v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd): one per query-head group
+            y = (y - (y * v_hat).sum(-1, keepdim=True) * v_hat).view(B, self.num_heads, T, self.head_dim)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
-
 class MLP(nn.Module):
-    def __init__(self, dim: int, mlp_mult: int):
+    def __init__(self, dim: int, mlp_mult: int, leaky_slope: float = 0.0):
         super().__init__()
         self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
         self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
+        self.leaky_slope = leaky_slope
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.relu(self.fc(x)).square())
-
+        return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())  # slope 0: relu^2
 
 class Block(nn.Module):
-    def __init__(self, hp: Hyperparameters):
+    def __init__(self, hp: Hyperparameters, layer: int):
         super().__init__()
         dim = hp.model_dim
-        self.attn = CausalSelfAttention(dim, hp.num_heads, hp.num_kv_heads, hp.rope_base, hp.qk_gain_init)
-        self.mlp = MLP(dim, hp.mlp_mult)
+        self.attn = CausalSelfAttention(dim, hp.num_heads, hp.num_kv_heads, hp.rope_base, hp.qk_gain_init,
+                                        hp.rope_dims, layer >= hp.num_layers - hp.xsa_last_n,
+                                        max(hp.train_seq_len, hp.eval_seq_len))
+        self.mlp = MLP(dim, hp.mlp_mult, hp.mlp_leaky_slope)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         # row 0 weighs the residual stream, row 1 the first layer's input (starts as the plain stream)
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
+        self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0  # deeper layers add less (LN scale)
+        # parallel residuals: per lane, the weights of [its residual, attention out, MLP out]
+        self.lane_mix = nn.Parameter(torch.ones(2, 3)) if 0 < hp.parallel_from <= layer else None
+
+    def norm(self, x: Tensor) -> Tensor:
+        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
 
     def forward(self, x: Tensor, x0: Tensor) -> Tensor:
         mix = self.resid_mix.to(x.dtype)
         x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.to(x.dtype) * self.attn(rms_norm(x))
-        return x + self.mlp_scale.to(x.dtype) * self.mlp(rms_norm(x))
+        if self.lane_mix is None:
+            x = x + self.attn_scale.to(x.dtype) * self.attn(self.norm(x))
+            return x + self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x))
+        # two lanes x = (2, B, T, C): attention reads lane 0 and the MLP lane 1, side by side
+        a = self.attn_scale.to(x.dtype) * self.attn(self.norm(x[0]))
+        m = self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x[1]))
+        w = self.lane_mix.to(x.dtype)[:, :, None, None, None]  # (2, 3, 1, 1, 1)
+        return w[:, 0] * x + w[:, 1] * a + w[:, 2] * m
 
+def bigram_hash(idx: Tensor, buckets: int) -> Tensor:
+    """(previous, current) token pairs -> rows 0..buckets-2 (hash from the field's BigramHash); the
+    last row stands for 'no previous token': a row's first position, and BOS, so nothing crosses it."""
+    prev = F.pad(idx[:, :-1], (1, 0))
+    rows = torch.bitwise_xor(36313 * idx, 27191 * prev) % (buckets - 1)
+    first = torch.arange(idx.size(1), device=idx.device) == 0
+    return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
 
 class GPT(nn.Module):
     def __init__(self, hp: Hyperparameters):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
-        self.num_encoder_layers = hp.num_layers // 2
-        self.num_decoder_layers = hp.num_layers - self.num_encoder_layers
-        num_skips = min(self.num_encoder_layers, self.num_decoder_layers)
-        self.skip_weights = nn.Parameter(torch.ones(num_skips, hp.model_dim))
-        self.blocks = nn.ModuleList(Block(hp) for _ in range(hp.num_layers))
+        self.bigram = nn.Embedding(hp.bigram_buckets, hp.bigram_dim) if hp.bigram_buckets else None
+        self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if hp.bigram_buckets else None
+        if self.bigram is not None:
+            nn.init.zeros_(self.bigram.weight)
+        # [lambda, w_1..w_12] of x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: starts as a no-op
+        self.smear_gate = nn.Parameter(torch.zeros(1 + min(12, hp.model_dim))) if hp.smear_gate else None
+        self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
+        # depth recurrence: the order blocks run in once LOOP_START_FRAC of the budget is spent
+        loop = list(range(hp.loop_start, hp.loop_end + 1)) * hp.loop_repeats
+        self.looped_order = list(range(hp.loop_end + 1)) + loop + list(range(hp.loop_end + 1, hp.num_layers))
+        self.looping = False  # a plain attribute, like CastedLinear.qat_bits
+        self.parallel_from = hp.parallel_from
+        # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
+        self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
         self.lm_head = None if hp.tie_embeddings else CastedLinear(hp.model_dim, hp.vocab_size, bias=False)
         if hp.tie_embeddings:
             nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
         else:
             nn.init.zeros_(self.lm_head.weight)
 
-    def logits(self, idx: Tensor) -> Tensor:
+    def layer_order(self) -> list[int]:
+        return self.looped_order if self.looping else list(range(len(self.blocks)))
+
+    def embed(self, idx: Tensor) -> Tensor:
         x = self.tok_emb(idx)  # (B, T, C)
-        if torch.is_autocast_enabled(x.device.type):  # keep the residual stream in the autocast dtype
+        if self.bigram is not None:
+            x = x + 0.05 * self.bigram_proj(self.bigram(bigram_hash(idx, self.bigram.num_embeddings)))
+        if self.smear_gate is not None:  # a BOS takes nothing from the document before it
+            lam, w = self.smear_gate[0], self.smear_gate[1:]
+            gate = lam * torch.sigmoid(x[..., :w.numel()] @ w) * (idx != BOS_ID)  # (B, T)
+            x = x + gate[..., None] * F.pad(x[:, :-1], (0, 0, 1, 0))
+        if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        x = rms_norm(x)
-        x0 = x
-        skips = []
-        for block in self.blocks[:self.num_encoder_layers]:
-            x = block(x, x0)
-            skips.append(x)
-        for i, block in enumerate(self.blocks[self.num_encoder_layers:]):
-            if skips:  # U-Net: the deepest encoder output meets the first decoder block
-                x = x + self.skip_weights[i].to(x.dtype) * skips.pop()
-            x = block(x, x0)
-        x = rms_norm(x)
+        return rms_norm(x)
+
+    def logits(self, idx: Tensor) -> Tensor:
+        x = x0 = self.embed(idx)
+        order = self.layer_order()
+        num_encoder, skips = len(order) // 2, []
+        for i, layer in enumerate(order):
+            if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder block
+                x = x + self.skip_weights[i - num_encoder].to(x.dtype) * skips.pop()
+            if self.parallel_from and layer == self.parallel_from:
+                x = torch.stack((x, x))  # (2, B, T, C): two residual lanes from here on
+            x = self.blocks[layer](x, x0)
+            if i < num_encoder:
+                skips.append(x if x.dim() == 3 else x.mean(0))
+        x = rms_norm(x if x.dim() == 3 else x.mean(0))
         weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(x, weight.to(x.dtype)).float()  # (B, T, V)
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
@@ -627,20 +705,22 @@ class GPT(nn.Module):
         logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
-
-def enable_late_qat(model: GPT, bits: int) -> list[CastedLinear]:
-    """Give every block matrix its QAT switch (off until the loop turns it on); returns them."""
-    layers = [m for m in model.blocks.modules() if isinstance(m, CastedLinear)]
-    for layer in layers:
-        layer.enable_qat(bits)
-    return layers
-
+def set_phase(model: GPT, looping: bool, qat_bits: int) -> None:
+    """Turn depth recurrence and late QAT (fake quantization of the matrices the export quantizes) on or off."""
+    model.looping = looping
+    for m in model.modules():
+        if isinstance(m, CastedLinear):
+            m.qat_bits = qat_bits if is_quantized(m.weight) else 0
 
 def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
-    # 6N for the matmuls (the tied embedding is counted once, as the head), plus attention's
-    # QK^T and AV without a causal discount (PaLM appendix B).
-    params = sum(p.numel() for p in model.parameters())
-    return 6 * params + 12 * hp.num_layers * hp.model_dim * hp.train_seq_len
+    """6 per weight of every matmul as run (looped blocks each time; the head, or the tied embedding
+    once as the head; lookups are free), plus attention's QK^T and AV without a causal discount
+    (PaLM appendix B)."""
+    order = model.layer_order()
+    block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    matmuls = sum(block[i] for i in order) + model.tok_emb.weight.numel()
+    matmuls += model.bigram_proj.weight.numel() if model.bigram_proj is not None else 0
+    return 6 * matmuls + 12 * len(order) * hp.model_dim * hp.train_seq_len
 
 
 # ---- EVALUATION ----
@@ -661,28 +741,32 @@ def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperpara
     if num_targets < seq_len:
         raise ConfigError(f"EVAL_SEQ_LEN={seq_len} is longer than the validation split ({num_targets} targets)")
     ends = list(range(seq_len, num_targets, stride)) + [num_targets]  # window k scores targets ends[k-1]..ends[k]
-    scored = [ends[0]] + [b - a for a, b in zip(ends, ends[1:])]
+    scored = torch.tensor([ends[0]] + [b - a for a, b in zip(ends, ends[1:])], device=layout.device)
     first = len(ends) * layout.rank // layout.world_size
     last = len(ends) * (layout.rank + 1) // layout.world_size
+    # every batch has the same shape (the last is padded with windows that score nothing), so a compiled
+    # model sees one eval graph; small splits get smaller batches rather than padding
     batch_windows = max(1, hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len)
+    batch_windows = min(batch_windows, -(-len(ends) // layout.world_size))
     positions = torch.arange(seq_len, device=layout.device)
     acc = torch.device("cpu") if layout.device.type == "mps" else layout.device  # MPS has no float64
     sums = torch.zeros(3, dtype=torch.float64, device=acc)  # loss, tokens, bytes
     was_training = model.training
     model.eval()
     for i in range(first, last, batch_windows):
-        batch = range(i, min(i + batch_windows, last))
+        batch = [min(k, last - 1) for k in range(i, i + batch_windows)]
         windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])
         windows = windows.to(layout.device, torch.int64, non_blocking=True)
         x, y = windows[:, :-1], windows[:, 1:]  # (B, T)
-        num_scored = torch.tensor([scored[k] for k in batch], device=layout.device)
+        ks = torch.arange(i, i + batch_windows, device=layout.device)
+        num_scored = torch.where(ks < last, scored[ks.clamp(max=last - 1)], 0)  # no host sync
         mask = positions[None, :] >= seq_len - num_scored[:, None]  # (B, T): the last num_scored
         with autocast(layout):
             losses = model(x, y, reduction="none").detach().view_as(mask)
         losses, mask, num_bytes = (t.to(acc) for t in (losses, mask, count_target_bytes(x, y, luts)))
-        sums[0] += losses.double()[mask].sum()
+        sums[0] += torch.where(mask, losses.double(), 0.0).sum()
         sums[1] += mask.sum()
-        sums[2] += num_bytes[mask].sum()
+        sums[2] += (num_bytes * mask).sum()
     if layout.distributed:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     model.train(was_training)
@@ -692,7 +776,6 @@ def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperpara
                           "tokenizer that made DATA_PATH's shards?")
     val_loss = loss_sum / tokens
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
-
 
 def autocast(layout: Layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
@@ -712,10 +795,11 @@ COMPRESSORS = {
     "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress),
 }
 
+def is_quantized(tensor: Tensor) -> bool:
+    return tensor.is_floating_point() and tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
 
 def export_tag(hp: Hyperparameters) -> str:
     return f"int{hp.quant_bits}_{hp.compressor}"  # names the log lines: final_int6_lzma_roundtrip_exact
-
 
 def round_to_fp16(x: Tensor) -> Tensor:
     """Positive fp32 values in fp16's normal range, rounded to the nearest fp16 (ties to even) and
@@ -723,7 +807,6 @@ def round_to_fp16(x: Tensor) -> Tensor:
     must see the scales the export stores."""
     bits = x.float().view(torch.int32)
     return ((bits + 0x0FFF + ((bits >> 13) & 1)) & -0x2000).view(torch.float32)
-
 
 def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     """Per-row symmetric quantization of a 2-D float tensor to integers in [-qmax, qmax], with the
@@ -738,12 +821,10 @@ def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     rows = torch.arange(w.size(0), device=w.device)
     return q[best, rows], scales[best, rows, 0]
 
-
 def fake_quantize(w: Tensor, bits: int) -> Tensor:
     """The export's round trip in the forward pass, with a straight-through gradient (late QAT)."""
     q, scale = quantize_rows(w.detach(), bits)
     return w + (q * scale[:, None] - w).detach()
-
 
 def pack_bits(q: Tensor, bits: int) -> Tensor:
     """Integers in [-(2^(b-1)-1), 2^(b-1)-1] -> a dense little-endian bitstream of `bits` per value."""
@@ -751,12 +832,10 @@ def pack_bits(q: Tensor, bits: int) -> Tensor:
     planes = np.unpackbits(unsigned[:, None], axis=1, bitorder="little")[:, :bits]  # (N, bits)
     return torch.from_numpy(np.packbits(planes.reshape(-1), bitorder="little"))
 
-
 def unpack_bits(packed: Tensor, bits: int, numel: int) -> Tensor:
     planes = np.unpackbits(packed.numpy(), bitorder="little")[:numel * bits].reshape(numel, bits)
     unsigned = np.packbits(planes, axis=1, bitorder="little")[:, 0]  # pads each row back to 8 bits
     return torch.from_numpy(unsigned.astype(np.int16) - (2 ** (bits - 1) - 1))
-
 
 def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int) -> dict:
     """Large float matrices -> bit-packed per-row integers with fp16 scales; small tensors -> fp16,
@@ -767,7 +846,7 @@ def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: in
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
         if not tensor.is_floating_point():
             floats[name] = tensor
-        elif tensor.ndim != 2 or tensor.numel() <= KEEP_FLOAT_MAX_NUMEL:
+        elif not is_quantized(tensor):
             keep_fp32 = any(key in name for key in CONTROL_PARAM_NAMES)
             floats[name] = tensor.float() if keep_fp32 else tensor.half()
         else:
@@ -776,7 +855,6 @@ def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: in
             packed[name], scales[name], shapes[name] = pack_bits(q, widths[name]), scale.half(), list(tensor.shape)
     return {"format": "packed_rows_v1", "packed": packed, "scales": scales, "shapes": shapes, "bits": widths,
             "floats": floats, "dtypes": dtypes}
-
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
     out = {}
@@ -790,7 +868,6 @@ def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
         out[name] = tensor.to(getattr(torch, dtype))
     return out
 
-
 def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters) -> bytes:
     buffer = io.BytesIO()
     torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits), buffer)
@@ -799,7 +876,6 @@ def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters
     tmp.write_bytes(blob)
     os.replace(tmp, path)
     return blob
-
 
 def load_artifact(path) -> dict[str, Tensor]:
     """Read an artifact back without executing pickled code (weights_only). The compressor is
@@ -840,7 +916,6 @@ class RunLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(message + "\n")
 
-
 def describe_hardware(layout: Layout) -> list[str]:
     if layout.device.type == "cuda":
         lines = [f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"]
@@ -859,14 +934,12 @@ def describe_hardware(layout: Layout) -> list[str]:
     return [f"hardware: {layout.device.type}: {cpu_name}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
 
-
 def misspelled_settings(environ=None) -> list[str]:
     """Env vars a typo away from a setting: NUM_LAYER=11 would otherwise be silently ignored."""
     environ = os.environ if environ is None else environ
     names = Hyperparameters.env_names()
     return [f"{key} (did you mean {match[0]}?)" for key in environ
             if key not in names and (match := difflib.get_close_matches(key, names, n=1, cutoff=0.9))]
-
 
 def launch_command(environ=None) -> str:
     """The command that reproduces this run: the env vars it set, then the launcher."""
@@ -883,10 +956,10 @@ def launch_command(environ=None) -> str:
 # ---- CHECKPOINTS AND SAMPLES ----
 
 MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
-                        "tie_embeddings", "rope_base", "logit_softcap")
+                        "tie_embeddings", "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale",
+                        "xsa_last_n", "smear_gate", "bigram_buckets", "bigram_dim", "loop_start", "loop_end",
+                        "loop_repeats", "parallel_from")
 SAMPLE_PROMPTS = ("The President", "Congress shall", "In the year 1850,")
-BOS_ID = 1
-
 
 @dataclass
 class LoopState:
@@ -895,17 +968,15 @@ class LoopState:
     training_time_ms: float = 0.0  # training only: validation, checkpoints and samples are excluded
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
     qat_active: bool = False
-
+    loop_active: bool = False
 
 def barrier(layout: Layout) -> None:
     if layout.distributed:
         dist.barrier()
 
-
 def checkpoint_folders(root: Path) -> list[Path]:
     """Finished checkpoints, oldest first; a .tmp folder is a write that never completed."""
     return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-
 
 def resolve_resume(hp: Hyperparameters) -> dict | None:
     """Turn RESUME into a checkpoint folder and read its meta, refusing one of another model shape."""
@@ -923,9 +994,11 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
         raise ConfigError(f"RESUME={hp.resume}: {folder / 'meta.json'} does not exist; point RESUME at a "
                           "step_NNNNNN folder of a checkpoint, or use RESUME=latest with the run's RUN_ID")
     meta = json.loads((folder / "meta.json").read_text())
+    defaults = dataclasses.asdict(Hyperparameters())  # a checkpoint older than a setting ran its default
     for name in MODEL_SHAPE_SETTINGS:
-        if meta["hyperparameters"][name] != getattr(hp, name):
-            raise ConfigError(f"RESUME={folder}: the checkpoint has {name.upper()}={meta['hyperparameters'][name]} "
+        saved = meta["hyperparameters"].get(name, defaults[name])
+        if saved != getattr(hp, name):
+            raise ConfigError(f"RESUME={folder}: the checkpoint has {name.upper()}={saved} "
                               f"but this run has {name.upper()}={getattr(hp, name)}; set it to match")
     newer = [p for p in checkpoint_folders(Path(hp.checkpoint_dir) / hp.run_id) if p.name > folder.name]
     if meta["run_id"] == hp.run_id and newer:  # its next checkpoints would interleave with another history
@@ -933,7 +1006,6 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
                           "resume the newest with RESUME=latest, or continue this one under a new RUN_ID")
     hp.resume = str(folder)
     return meta
-
 
 def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon: Muon, ema, state: LoopState,
                     loader: DistributedTokenLoader, source_sha256: str) -> Path:
@@ -967,7 +1039,6 @@ def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon:
     barrier(layout)
     return folder
 
-
 def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, ema,
                     loader: DistributedTokenLoader) -> LoopState:
     """Restore a checkpoint into this run, whatever its world size (Muon's momentum is gathered
@@ -987,8 +1058,7 @@ def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, 
     if saved["cuda_rng"] is not None and layout.device.type == "cuda":
         torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), layout.device)
     loader.stream.seek(meta["loader"])
-    return LoopState(**{f.name: meta[f.name] for f in fields(LoopState)})
-
+    return LoopState(**{f.name: meta.get(f.name, f.default) for f in fields(LoopState)})
 
 def load_codec(tokenizer_path) -> tuple:
     """(encode, decode) between text and ids, for a SentencePiece .model or the byte tokenizer."""
@@ -1001,7 +1071,6 @@ def load_codec(tokenizer_path) -> tuple:
 
     sp = spm.SentencePieceProcessor(model_file=str(path))
     return sp.encode, sp.decode
-
 
 @torch.no_grad()
 def sample(model: GPT, codec, hp: Hyperparameters, layout: Layout, new_tokens: int = 32) -> list[str]:
@@ -1020,7 +1089,6 @@ def sample(model: GPT, codec, hp: Hyperparameters, layout: Layout, new_tokens: i
     model.train(was_training)
     return texts
 
-
 class StopSignal:
     """The first SIGTERM or SIGINT asks the loop to finish its step, checkpoint and exit; a second
     one exits at once."""
@@ -1037,30 +1105,42 @@ class StopSignal:
         elif now - self.first_at > 2.0:  # a scheduler and torchrun may both deliver the first one
             os._exit(128 + signum)
 
+    @staticmethod
+    def release() -> None:
+        """After training nothing can be checkpointed: a signal stops the export or evaluation at once."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # ---- TRAINING ----
 
 
-def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
-    """LR multiplier: 1, then linear to 0 over the last WARMDOWN_ITERS steps, or, under a wallclock
-    cap, over the last WARMDOWN_ITERS * (average step time) of it, whichever comes first."""
-    if hp.warmdown_iters <= 0:
-        return 1.0
-    by_steps = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
-    if hp.max_wallclock_seconds <= 0:
-        return by_steps
-    warmdown_ms = hp.warmdown_iters * elapsed_ms / max(step, 1)
-    remaining_ms = max(1000.0 * hp.max_wallclock_seconds - elapsed_ms, 0.0)
-    by_time = remaining_ms / warmdown_ms if remaining_ms < warmdown_ms else 1.0
-    return min(by_steps, by_time)
+def training_progress(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
+    """The spent part of the budget: of ITERATIONS or of MAX_WALLCLOCK_SECONDS, whichever is further."""
+    by_time = elapsed_ms / (1000.0 * hp.max_wallclock_seconds) if hp.max_wallclock_seconds > 0 else 0.0
+    return max(step / max(hp.iterations, 1), by_time)
 
+def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
+    """LR multiplier: 1, then linear down to MIN_LR_SCALE over the last WARMDOWN_FRAC of the budget,
+    or (WARMDOWN_FRAC=0) over the last WARMDOWN_ITERS steps or, under a wallclock cap, the last
+    WARMDOWN_ITERS * (average step time) of it, whichever comes first."""
+    if hp.warmdown_frac > 0:
+        left = min(1.0, max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac)
+    elif hp.warmdown_iters <= 0:
+        left = 1.0
+    else:
+        left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
+        if hp.max_wallclock_seconds > 0:
+            warmdown_ms = hp.warmdown_iters * elapsed_ms / max(step, 1)
+            remaining_ms = max(1000.0 * hp.max_wallclock_seconds - elapsed_ms, 0.0)
+            left = min(left, remaining_ms / warmdown_ms if remaining_ms < warmdown_ms else 1.0)
+    return hp.min_lr_scale + (1.0 - hp.min_lr_scale) * left
 
 def muon_momentum(step: int, hp: Hyperparameters) -> float:
     if hp.muon_momentum_warmup_steps <= 0:
         return hp.muon_momentum
     frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
-
 
 class EMA:
     """Exponential moving average of the weights, updated on device after every step (no host
@@ -1081,31 +1161,32 @@ class EMA:
             p.copy_(ema)
             ema.copy_(live)
 
-
 def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> tuple[list[torch.optim.Optimizer], Muon]:
-    """Muon for the 2-D matrices inside the blocks; Adam for the embedding, the untied head and
-    every vector or control parameter."""
+    """Muon for the 2-D matrices (the blocks' and the bigram projection); AdamW for the embeddings,
+    the untied head and every vector or control parameter."""
+    embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
+    head = [model.lm_head.weight] if model.lm_head is not None else []
     matrices, scalars = [], []
-    for name, p in model.blocks.named_parameters():
-        is_control = any(key in name for key in CONTROL_PARAM_NAMES)
-        (matrices if p.ndim == 2 and not is_control else scalars).append(p)
-    scalars.append(model.skip_weights)
+    for name, p in model.named_parameters():
+        if not any(p is e for e in embeddings + head):
+            is_control = any(key in name for key in CONTROL_PARAM_NAMES)
+            (matrices if p.ndim == 2 and not is_control else scalars).append(p)
     adam_groups = [
-        dict(params=[model.tok_emb.weight], lr=hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr),
-        dict(params=scalars, lr=hp.scalar_lr),
+        dict(params=embeddings, lr=hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr, weight_decay=hp.embed_wd),
+        dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.scalar_wd),
     ]
-    if model.lm_head is not None:
-        adam_groups.append(dict(params=[model.lm_head.weight], lr=hp.head_lr))
-    adam = torch.optim.Adam(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps,
-                            fused=layout.device.type == "cuda")
+    if head:
+        adam_groups.append(dict(params=head, lr=hp.head_lr, weight_decay=hp.embed_wd))
+    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
+                             fused=layout.device.type == "cuda")
     muon = Muon(matrices, lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
-                update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32)
+                update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32, weight_decay=hp.muon_wd,
+                row_norm=hp.muon_row_norm, coeffs=POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS)
     optimizers = [adam, muon]
     for opt in optimizers:
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
     return optimizers, muon
-
 
 def train_step(model: nn.Module, loader: DistributedTokenLoader, optimizers, hp: Hyperparameters,
                layout: Layout, lr_scale: float) -> Tensor:
@@ -1128,7 +1209,6 @@ def train_step(model: nn.Module, loader: DistributedTokenLoader, optimizers, hp:
         opt.step()
         opt.zero_grad(set_to_none=True)
     return total / layout.grad_accum_steps
-
 
 def setup(environ=None) -> tuple[Hyperparameters, Layout]:
     """Every check that can fail runs here, on every rank, before any process group or model."""
@@ -1155,12 +1235,24 @@ def setup(environ=None) -> tuple[Hyperparameters, Layout]:
                     resolve_mode(hp.compile, device), resolve_mode(hp.bf16, device))
     return hp, layout
 
+@dataclass
+class Run:
+    """What the stages of main() share."""
+    hp: Hyperparameters
+    layout: Layout
+    log: RunLog
+    model: GPT  # the plain module: its weights are trained, exported and sampled
+    compiled: nn.Module  # the same weights, compiled on CUDA: what evaluates
+    val_tokens: Tensor
+    luts: ByteLuts
 
-def main() -> None:
-    hp, layout = setup()
+def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
+    """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
     device = layout.device
-    source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     if device.type == "cuda":
+        if layout.use_bf16 and hp.model_dim // hp.num_heads > 256:
+            raise ConfigError(f"head dim MODEL_DIM/NUM_HEADS = {hp.model_dim // hp.num_heads} is over flash "
+                              "attention's 256; use more NUM_HEADS, or BF16=0 (math attention, slow)")
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -1175,18 +1267,82 @@ def main() -> None:
     if layout.distributed:  # every rank must name the same log and artifact
         dist.broadcast_object_list(run_id, src=0)
     hp.run_id = run_id[0]
-    log = RunLog(None)
-    if layout.is_main:
-        Path(hp.log_dir).mkdir(parents=True, exist_ok=True)
-        log = RunLog(Path(hp.log_dir) / f"{hp.run_id}.txt")
-        if log.path.exists():  # setup() let it through: a resume continues its own run's log
-            log(f"command: {launch_command()}")
-        else:
-            log.write_header(source, hp, layout, launch_command())
-        for typo in misspelled_settings():
-            log(f"WARNING: env var {typo} is not a setting and was ignored")
-        print(f"logfile: {log.path}")
+    if not layout.is_main:
+        return RunLog(None)
+    Path(hp.log_dir).mkdir(parents=True, exist_ok=True)
+    log = RunLog(Path(hp.log_dir) / f"{hp.run_id}.txt")
+    if log.path.exists():  # setup() let it through: a resume continues its own run's log
+        log(f"command: {launch_command()}")
+    else:
+        log.write_header(source, hp, layout, launch_command())
+    for typo in misspelled_settings():
+        log(f"WARNING: env var {typo} is not a setting and was ignored")
+    print(f"logfile: {log.path}")
+    return log
 
+def phase_at(progress: float, hp: Hyperparameters) -> tuple[bool, int]:
+    """(looping, QAT bits) once this fraction of the training budget is spent."""
+    qat_on = hp.qat_start_frac < 1.0 and progress >= hp.qat_start_frac
+    return hp.loop_repeats > 0 and progress >= hp.loop_start_frac, hp.quant_bits if qat_on else 0
+
+def compiled_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+def warmup(run: Run, model: nn.Module, loader: DistributedTokenLoader, optimizers) -> None:
+    """Prime compilation and the allocator in every phase training will reach (WARMUP_STEPS >= the
+    number of phases primes them all, so no switch recompiles inside the timed loop); then weights,
+    optimizer states and the data stream restart: these steps cost time but do not change the run."""
+    hp = run.hp
+    phases = list(dict.fromkeys(phase_at(f, hp) for f in sorted({0.0, hp.loop_start_frac, hp.qat_start_frac})))
+    initial_model = copy.deepcopy(run.model.state_dict())
+    initial_optimizers = [copy.deepcopy(opt.state_dict()) for opt in optimizers]
+    for step in range(hp.warmup_steps):
+        set_phase(run.model, *phases[step * len(phases) // hp.warmup_steps])
+        train_step(model, loader, optimizers, hp, run.layout, lr_scale=1.0)
+        if step + 1 in (1, hp.warmup_steps):
+            run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
+    set_phase(run.model, *phases[0])
+    run.model.load_state_dict(initial_model)
+    for opt, state in zip(optimizers, initial_optimizers):
+        opt.load_state_dict(state)
+    if run.layout.use_compile:
+        run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
+
+def export_and_score(run: Run, state: LoopState, source: bytes, codec) -> None:
+    """Export, then score what was exported: the number that counts is the round-tripped model's."""
+    hp, layout, log = run.hp, run.layout, run.log
+    tag = export_tag(hp)
+    artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.{tag}.ptz"
+    if layout.is_main:
+        blob = save_artifact(run.model.state_dict(), artifact_path, hp)
+        total_bytes = len(source) + artifact_path.stat().st_size
+        log(f"Serialized model {tag.replace('_', '+')}: {len(blob)} bytes")
+        log(f"Code size: {len(source)} bytes")
+        log(f"Total submission size {tag.replace('_', '+')}: {total_bytes} bytes")
+        log(f"artifact: {artifact_path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()}")
+        if total_bytes > 16_000_000:
+            log(f"WARNING: submission is {total_bytes} bytes, over the 16,000,000-byte cap by "
+                f"{total_bytes - 16_000_000} bytes; it cannot be a record")
+    barrier(layout)
+    run.model.load_state_dict(load_artifact(artifact_path), strict=True)
+    set_phase(run.model, state.loop_active, 0)  # the weights are quantized now: fake quantization is a no-op
+    for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
+        synchronize(layout.device)
+        t_eval = time.perf_counter()
+        val_loss, val_bpb = evaluate(run.compiled, run.val_tokens, run.luts, hp, layout, sliding=sliding)
+        synchronize(layout.device)
+        log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+            f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
+        log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+    if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
+        for text in sample(run.model, codec, hp, layout):
+            log(f"sample: {text!r}")
+
+def main() -> None:
+    hp, layout = setup()
+    device = layout.device
+    source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
+    log = init_runtime(hp, layout, source)
     torch.manual_seed(hp.seed)
     luts = load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
     val_tokens = load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
@@ -1195,32 +1351,20 @@ def main() -> None:
 
     base_model = GPT(hp).to(device)
     log(f"model_params:{sum(p.numel() for p in base_model.parameters())}")
-    qat_layers = enable_late_qat(base_model, hp.quant_bits) if hp.qat_start_frac < 1.0 else []
     optimizers, muon = build_optimizers(base_model, hp, layout)
     compiled = base_model
     if layout.use_compile:
+        torch._dynamo.config.recompile_limit = 64  # training phases x eval shapes; fullgraph fails past it
         compiled = torch.compile(base_model, dynamic=False, fullgraph=True)
         muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     model = compiled
-    if layout.distributed:
-        model = DDP(compiled, device_ids=[layout.local_rank] if device.type == "cuda" else None)
-    loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
-
-    # Warmup primes compilation and allocator; then weights, optimizer states and data restart, so
-    # these steps cost time but do not change the run.
+    if layout.distributed:  # no buffer broadcast: every rank holds the same RoPE tables and phase flags
+        model = DDP(compiled, device_ids=[layout.local_rank] if device.type == "cuda" else None,
+                    broadcast_buffers=False)
+    run = Run(hp, layout, log, base_model, compiled, val_tokens, luts)
     if hp.warmup_steps > 0:
-        initial_model = copy.deepcopy(base_model.state_dict())
-        initial_optimizers = [copy.deepcopy(opt.state_dict()) for opt in optimizers]
-        for warmup_step in range(hp.warmup_steps):
-            train_step(model, loader, optimizers, hp, layout, lr_scale=1.0)
-            if warmup_step + 1 in (1, hp.warmup_steps):
-                log(f"warmup_step:{warmup_step + 1}/{hp.warmup_steps}")
-        base_model.load_state_dict(initial_model)
-        for opt, state in zip(optimizers, initial_optimizers):
-            opt.load_state_dict(state)
-        del initial_model, initial_optimizers
-        loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
-
+        warmup(run, model, DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device), optimizers)
+    loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
     ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
     state, stop_after_step = LoopState(), None
     if hp.resume:
@@ -1228,23 +1372,16 @@ def main() -> None:
         log(f"resume: from {hp.resume} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
         if hp.max_wallclock_seconds > 0 and state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
             stop_after_step = state.step  # the budget was spent before the checkpoint
-    for module in qat_layers:
-        module.qat_on.fill_(float(state.qat_active))
+    set_phase(base_model, state.loop_active, hp.quant_bits if state.qat_active else 0)
     codec = load_codec(hp.tokenizer_path) if hp.sample_every > 0 else None
     stop_signal = StopSignal()
-    flops_per_token, peak = count_flops_per_token(base_model, hp), peak_flops(device)
-    max_wallclock_ms = 1000.0 * hp.max_wallclock_seconds
+    peak = peak_flops(device)
     source_sha256 = hashlib.sha256(source).hexdigest()
     first_step = state.step
 
     def pause_clock():  # validation, checkpoints and samples do not count as training time
         synchronize(device)
         state.training_time_ms += 1000.0 * (time.perf_counter() - t0)
-
-    def checkpoint(reason: str) -> Path:
-        folder = save_checkpoint(hp, layout, base_model, optimizers[0], muon, ema, state, loader, source_sha256)
-        log(f"checkpoint: {folder} step:{state.step} ({reason})")
-        return folder
 
     synchronize(device)
     t0 = time.perf_counter()
@@ -1271,7 +1408,8 @@ def main() -> None:
 
         for group in muon.param_groups:
             group["momentum"] = muon_momentum(step, hp)
-        train_loss = train_step(model, loader, optimizers, hp, layout, lr_schedule(step, state.elapsed_ms, hp))
+        lr_scale = lr_schedule(step, state.elapsed_ms, hp)
+        train_loss = train_step(model, loader, optimizers, hp, layout, lr_scale)
         if ema:
             ema.update(base_model)
         state.step = step = step + 1
@@ -1282,22 +1420,33 @@ def main() -> None:
             line = (f"step:{step}/{hp.iterations} train_loss:{train_loss.item():.4f} "
                     f"train_time:{state.elapsed_ms:.0f}ms step_avg:{state.elapsed_ms / step:.2f}ms tok/s:{tokens_per_s:.0f}")
             if peak is not None:
-                line += f" mfu:{100 * flops_per_token * tokens_per_s / (peak * layout.world_size):.1f}%"
+                mfu = count_flops_per_token(base_model, hp) * tokens_per_s / (peak * layout.world_size)
+                line += f" mfu:{100 * mfu:.1f}%"
             log(line)
-        signum = stop_signal.signum
+        # one clock, signal and health verdict for all ranks: the same LR, phase, stop and checkpoint everywhere
+        agreed = torch.tensor([state.elapsed_ms, stop_signal.signum], dtype=torch.float64, device=device)
+        agreed = torch.cat((agreed, (~torch.isfinite(train_loss)).to(torch.float64)[None]))
         if layout.distributed:
-            # one clock and one signal for all ranks: the same LR, stop, QAT and checkpoint step everywhere
-            agreed = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=device)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-            state.elapsed_ms, signum = agreed[0].item(), int(agreed[1].item())
-        if stop_after_step is None and max_wallclock_ms > 0 and state.elapsed_ms >= max_wallclock_ms:
+        state.elapsed_ms, signum, diverged = agreed.tolist()
+        signum = int(signum)
+        if diverged:
+            lrs = ", ".join(f"{g['lr']:.4g}" for opt in optimizers for g in opt.param_groups)
+            raise ConfigError(f"training diverged: train_loss is not finite at step:{step} (LR multiplier "
+                              f"{lr_scale:.4f}; learning rates {lrs} for the embedding, scalars, [head,] matrices). "
+                              "No artifact was written; lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set "
+                              "GRAD_CLIP_NORM, and resume an earlier checkpoint if there is one")
+        if stop_after_step is None and hp.max_wallclock_seconds > 0 and \
+                state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
             stop_after_step = step
-        progress = max(step / max(hp.iterations, 1), state.elapsed_ms / max_wallclock_ms if max_wallclock_ms else 0)
-        if qat_layers and not state.qat_active and progress >= hp.qat_start_frac:
-            state.qat_active = True
-            for module in qat_layers:
-                module.qat_on.fill_(1.0)
-            log(f"late_qat: on from step:{step} int{hp.quant_bits} fake quantization of the block matrices")
+        looping, qat_bits = phase_at(training_progress(step, state.elapsed_ms, hp), hp)
+        if (looping, bool(qat_bits)) != (state.loop_active, state.qat_active):
+            set_phase(base_model, looping, qat_bits)
+            if looping != state.loop_active:
+                log(f"depth_recurrence: on from step:{step} layers {hp.loop_start}-{hp.loop_end} x{1 + hp.loop_repeats}")
+            if bool(qat_bits) != state.qat_active:
+                log(f"late_qat: on from step:{step} int{qat_bits} fake quantization of the matrices")
+            state.loop_active, state.qat_active = looping, bool(qat_bits)
         periodic_save = hp.save_every > 0 and (step % hp.save_every == 0 or step in (hp.iterations, stop_after_step))
         periodic_sample = hp.sample_every > 0 and step % hp.sample_every == 0 and step < hp.iterations
         if signum or periodic_save or periodic_sample:
@@ -1306,7 +1455,9 @@ def main() -> None:
                 for text in sample(base_model, codec, hp, layout):
                     log(f"sample: {text!r}")
             if signum or periodic_save:
-                folder = checkpoint(signal.Signals(signum).name if signum else "periodic")
+                folder = save_checkpoint(hp, layout, base_model, optimizers[0], muon, ema, state, loader,
+                                         source_sha256)
+                log(f"checkpoint: {folder} step:{state.step} ({signal.Signals(signum).name if signum else 'periodic'})")
             if signum:
                 resume = launch_command({**os.environ, "RESUME": str(folder), "RUN_ID": hp.run_id})
                 log(f"stopped by {signal.Signals(signum).name} after step:{step}; resume with: {resume}")
@@ -1314,44 +1465,21 @@ def main() -> None:
                 if layout.distributed:
                     dist.destroy_process_group()
                 sys.exit(128 + signum)
+            barrier(layout)  # rank 0's sampling must not reach the other ranks' clocks
             synchronize(device)
             t0 = time.perf_counter()
 
+    stop_signal.release()
+    if layout.use_compile:
+        log(f"compile: {compiled_graphs()} graphs after training")
     if device.type == "cuda":
         log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
             f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-
-    # Export, then score what was exported: the number that counts is the round-tripped model's.
     if ema:
         ema.swap(base_model)
-    tag = export_tag(hp)
-    artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.{tag}.ptz"
-    if layout.is_main:
-        blob = save_artifact(base_model.state_dict(), artifact_path, hp)
-        total_bytes = len(source) + artifact_path.stat().st_size
-        log(f"Serialized model {tag.replace('_', '+')}: {len(blob)} bytes")
-        log(f"Code size: {len(source)} bytes")
-        log(f"Total submission size {tag.replace('_', '+')}: {total_bytes} bytes")
-        log(f"artifact: {artifact_path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()}")
-        if total_bytes > 16_000_000:
-            log(f"WARNING: submission is {total_bytes} bytes, over the 16,000,000-byte cap by "
-                f"{total_bytes - 16_000_000} bytes; it cannot be a record")
-    if layout.distributed:
-        dist.barrier()
-    base_model.load_state_dict(load_artifact(artifact_path), strict=True)
-    for module in qat_layers:  # the weights are quantized now; fake quantization would only cost time
-        module.qat_on.fill_(0.0)
-    for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
-        synchronize(device)
-        t_eval = time.perf_counter()
-        val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout, sliding=sliding)
-        synchronize(device)
-        log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
-            f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
-        log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-    if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
-        for text in sample(base_model, codec, hp, layout):
-            log(f"sample: {text!r}")
+    export_and_score(run, state, source, codec)
+    if layout.use_compile:
+        log(f"compile: {compiled_graphs()} graphs after the final evaluations")
     if layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
         dist.destroy_process_group()
