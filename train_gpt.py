@@ -813,9 +813,10 @@ def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     clip searched per row. Returns (q as float, scale (rows,) as stored in fp16)."""
     qmax = 2 ** (bits - 1) - 1
     absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
-    fractions = torch.tensor(CLIP_FRACTIONS, device=w.device, dtype=w.dtype)[:, None, None]  # (K, 1, 1)
-    # scales as stored in fp16, floored at its smallest normal so an all-zero row cannot divide by zero
-    scales = round_to_fp16((absmax * fractions / qmax).clamp(2.0 ** -14, 65504.0))  # (K, R, 1)
+    # scales as stored in fp16, floored at its smallest normal so an all-zero row cannot divide by zero;
+    # Python-float fractions: no host-to-device copy (and sync) per QAT layer in an eager CUDA forward
+    scales = torch.stack([absmax * f / qmax for f in CLIP_FRACTIONS])  # (K, R, 1)
+    scales = round_to_fp16(scales.clamp(2.0 ** -14, 65504.0))
     q = torch.clamp(torch.round(w / scales), -qmax, qmax)  # (K, R, C)
     best = (q * scales - w).square().sum(dim=2).argmin(dim=0)  # (R,)
     rows = torch.arange(w.size(0), device=w.device)

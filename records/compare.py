@@ -1,11 +1,17 @@
-"""Is a candidate a new record? A one-sided Welch t-test on per-seed val_loss.
+"""Is a candidate a new record? A one-sided Welch t-test on per-seed scores.
 
     python records/compare.py records/track_cpu/2026-02-01_Candidate records/track_cpu/2026-01-01_Baseline
     python records/compare.py 2.5012,2.5031,2.4998 2.5124,2.5140,2.5101
+    python records/compare.py --per-byte 1.2012,1.2031,1.1998 1.2124,1.2140,1.2101   # val_bpb values
 
-Each side is a record folder (its submission.json's per-seed val_loss, which check_record.py ties to
-the logs) or comma-separated per-seed val_loss values. The challenge's rule: the candidate's mean
-val_loss must be lower than the best's by at least MARGIN nats (0.005) with p < ALPHA (0.01).
+Each side is a record folder (its submission.json's per-seed val_loss and val_bpb, which
+check_record.py ties to the logs) or comma-separated per-seed values. The challenge's rule: the
+candidate's mean must be lower than the best's by at least MARGIN nats (0.005) with p < ALPHA (0.01).
+
+The unit: val_loss is nats per *token*, so two records with different tokenizers cannot be compared
+in it (a bigger vocabulary has fewer, harder tokens). When the two sides' tokenizers differ (from
+their logs: the tokenizer file's name and VOCAB_SIZE), or with --per-byte, both sides are compared in
+nats per *byte*, val_bpb * ln 2, with the same margin in that unit; the report names the unit used.
 H0: mean(best) - mean(candidate) <= margin; H1: it is larger. Welch's test, since nothing makes two
 setups' seed-to-seed variances equal. It also says how many candidate seeds would reach p < alpha
 if the observed means and stds held, which is an estimate for planning, not a promise.
@@ -13,12 +19,15 @@ if the observed means and stds held, which is an estimate for planning, not a pr
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from scipy import stats
+
+from runlog import LogError, parse_log
 
 MARGIN_NATS = 0.005
 ALPHA = 0.01
@@ -28,7 +37,9 @@ MAX_SEEDS = 1000
 @dataclass
 class Sample:
     label: str
-    losses: list
+    losses: list  # the compared values: nats per token (val_loss), or per byte once in_unit() converts
+    bpbs: list | None = None  # per-seed val_bpb, when known
+    tokenizer: str | None = None  # "<tokenizer file> vocab <N>", when known
 
     @property
     def n(self) -> int:
@@ -49,17 +60,32 @@ class Comparison:
     best: Sample
     margin: float
     alpha: float
-    improvement: float  # mean(best) - mean(candidate), nats
+    improvement: float  # mean(best) - mean(candidate), in the unit's nats
     t: float
     df: float
     p: float
     significant: bool
     seeds_needed: int | None  # candidate seeds for p < alpha at the observed means/stds, best's n fixed
     seeds_needed_both: int | None  # the same with n seeds on both sides
+    unit: str = "nats per token (val_loss)"
 
 
-def load_sample(spec: str) -> Sample:
-    """A record folder, a submission.json, or comma-separated val_loss values."""
+def record_tokenizer(folder: Path, sub: dict) -> str | None:
+    """The tokenizer a record's runs used, from their logs' hyperparameters."""
+    names = set()
+    for result in sub["results"]:
+        try:
+            hp = parse_log(folder / result["log"]).hyperparameters
+        except (OSError, KeyError, LogError):
+            return None
+        if "tokenizer_path" not in hp:
+            return None
+        names.add(f"{Path(hp['tokenizer_path']).name} vocab {hp.get('vocab_size', '?')}")
+    return names.pop() if len(names) == 1 else None
+
+
+def load_sample(spec: str, values_are_bpb: bool = False) -> Sample:
+    """A record folder, a submission.json, or comma-separated values (val_loss, or val_bpb)."""
     path = Path(spec)
     if path.is_dir():
         path = path / "submission.json"
@@ -67,16 +93,34 @@ def load_sample(spec: str) -> Sample:
         sub = json.loads(path.read_text())
         try:
             losses = [float(r["val_loss"]) for r in sub["results"]]
+            bpbs = [float(r["val_bpb"]) for r in sub["results"]]
         except (KeyError, TypeError, ValueError) as e:
-            raise SystemExit(f"error: {path} has no per-seed results[].val_loss ({e}); make it with "
+            raise SystemExit(f"error: {path} has no per-seed results[].val_loss and val_bpb ({e}); make it with "
                              f"records/make_record.py") from None
-        return Sample(path.parent.name, losses)
+        return Sample(path.parent.name, losses, bpbs, record_tokenizer(path.parent, sub))
     try:
-        losses = [float(v) for v in spec.split(",") if v.strip()]
+        values = [float(v) for v in spec.split(",") if v.strip()]
     except ValueError:
         raise SystemExit(f"error: {spec!r} is neither a record folder nor comma-separated numbers "
                          f"like 2.5012,2.5031,2.4998") from None
-    return Sample("values", losses)
+    return Sample("values", [math.nan] * len(values), values) if values_are_bpb else Sample("values", values)
+
+
+def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> str:
+    """Per byte when asked, or when both sides name their tokenizers and these differ."""
+    differ = candidate.tokenizer and best.tokenizer and candidate.tokenizer != best.tokenizer
+    return "byte" if per_byte or differ else "token"
+
+
+def in_unit(sample: Sample, unit: str) -> Sample:
+    if unit == "token":
+        if any(math.isnan(x) for x in sample.losses):
+            raise ValueError(f"{sample.label}: only val_bpb is known; compare per byte (--per-byte)")
+        return sample
+    if sample.bpbs is None:
+        raise ValueError(f"{sample.label}: no val_bpb to compare per byte; give a record folder, or val_bpb "
+                         "values with --per-byte")
+    return Sample(sample.label, [b * math.log(2) for b in sample.bpbs], sample.bpbs, sample.tokenizer)
 
 
 def welch_p(mean_best, std_best, n_best, mean_cand, std_cand, n_cand, margin):
@@ -116,9 +160,11 @@ def compare(candidate: Sample, best: Sample, margin=MARGIN_NATS, alpha=ALPHA) ->
 
 
 def report(c: Comparison) -> str:
-    lines = [f"{'':10} {'n':>3} {'mean val_loss':>14} {'std':>10}  source"]
+    lines = [f"unit: {c.unit}",
+             f"{'':10} {'n':>3} {'mean':>14} {'std':>10}  source"]
     for role, s in (("candidate", c.candidate), ("best", c.best)):
-        lines.append(f"{role:10} {s.n:>3} {s.mean:>14.6f} {s.std:>10.6f}  {s.label}")
+        lines.append(f"{role:10} {s.n:>3} {s.mean:>14.6f} {s.std:>10.6f}  {s.label}"
+                     + (f" ({s.tokenizer})" if s.tokenizer else ""))
     lines += [
         f"improvement {c.improvement:+.6f} nats (needs > {c.margin})",
         f"Welch t = {c.t:.3f}, df = {c.df:.2f}, one-sided p = {c.p:.4g}",
@@ -140,11 +186,21 @@ def main(argv=None) -> int:
     parser.add_argument("best", help="the current best, in the same forms")
     parser.add_argument("--margin", type=float, default=MARGIN_NATS, help="required improvement in nats")
     parser.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
+    parser.add_argument("--per-byte", action="store_true",
+                        help="compare nats per byte (val_bpb * ln 2); comma-separated values are then val_bpb")
     args = parser.parse_args(argv)
+    candidate = load_sample(args.candidate, args.per_byte)
+    best = load_sample(args.best, args.per_byte)
+    unit = choose_unit(candidate, best, args.per_byte)
     try:
-        c = compare(load_sample(args.candidate), load_sample(args.best), args.margin, args.alpha)
+        c = compare(in_unit(candidate, unit), in_unit(best, unit), args.margin, args.alpha)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if unit == "byte":
+        why = "asked for" if args.per_byte else "the tokenizers differ"
+        c.unit = f"nats per byte (val_bpb * ln 2; {why})"
+    elif not (candidate.tokenizer and best.tokenizer):
+        c.unit += "; a side's tokenizer is unknown: this is only valid if both used the same one"
     print(report(c))
     return 0 if c.significant else 1
 

@@ -378,6 +378,45 @@ def test_compare_reads_record_folders_and_refuses_a_single_seed(tmp_path, capsys
         compare.main(["2.01", str(best)])
 
 
+def vocab_logs(folder, vocab, losses, bpbs):
+    tokenizer = f"./data/tokenizers/fineweb_{vocab}_bpe.model"
+    return [write_log(folder / "logs" / f"sp{vocab}_seed{s}.txt", settings={"SEED": str(s), "TOKENIZER_PATH": tokenizer},
+                      val_loss=loss, val_bpb=bpb) for s, loss, bpb in zip((1, 2, 3), losses, bpbs)]
+
+
+def test_compare_across_tokenizers_uses_nats_per_byte(tmp_path, capsys):
+    # sp8192 has fewer, harder tokens: more nats per token, yet fewer bits per byte
+    best = make(vocab_logs(tmp_path / "b", 1024, (2.050, 2.052, 2.048), (1.2140, 1.2150, 1.2130)), tmp_path,
+                short_name="Sp1024")
+    cand = make(vocab_logs(tmp_path / "c", 8192, (2.900, 2.902, 2.898), (1.1940, 1.1950, 1.1930)), tmp_path,
+                short_name="Sp8192")
+    assert compare.main([str(cand), str(best)]) == 0
+    out = capsys.readouterr().out
+    assert "unit: nats per byte (val_bpb * ln 2; the tokenizers differ)" in out
+    assert f"improvement {+0.02 * math.log(2):+.6f} nats" in out
+    assert "fineweb_8192_bpe.model vocab" in out
+    # in nats per token the same records would be compared the wrong way round
+    assert not compare.compare(compare.load_sample(str(cand)), compare.load_sample(str(best))).significant
+    # the margin holds in the per-byte unit: 0.005 bpb better is 0.0035 nats per byte, under 0.005
+    close = make(vocab_logs(tmp_path / "d", 8192, (2.9, 2.902, 2.898), (1.2090, 1.2100, 1.2080)), tmp_path,
+                 short_name="Close")
+    assert compare.main([str(close), str(best)]) == 1
+    assert "not above 0.005 nats" in capsys.readouterr().out
+
+
+def test_compare_same_tokenizer_stays_per_token_and_values_per_byte(tmp_path, capsys):
+    best = make(vocab_logs(tmp_path / "b", 1024, (2.050, 2.052, 2.048), (1.2140, 1.2150, 1.2130)), tmp_path,
+                short_name="A")
+    cand = make(vocab_logs(tmp_path / "c", 1024, (2.030, 2.031, 2.029), (1.2020, 1.2030, 1.2010)), tmp_path,
+                short_name="B")
+    assert compare.main([str(cand), str(best)]) == 0
+    assert "unit: nats per token (val_loss)\n" in capsys.readouterr().out
+    assert compare.main(["--per-byte", "1.194,1.195,1.193", str(best)]) == 0
+    assert "unit: nats per byte (val_bpb * ln 2; asked for)" in capsys.readouterr().out
+    compare.main(["2.03,2.031,2.029", str(best)])
+    assert "tokenizer is unknown" in capsys.readouterr().out
+
+
 # ---- SUMMARIZE ----
 
 
