@@ -15,9 +15,14 @@ import train_gpt as tg
 from conftest import ROOT, run_trainer
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
-# EMA and late QAT on, so their state has to survive the resume too
+# EMA, late QAT and every model/optimizer technique on, so their state has to survive the resume too;
+# the depth recurrence switches on at step 12, between the checkpoint at 10 and the end
+EVERY_TECHNIQUE = dict(NUM_LAYERS="3", MLP_LEAKY_SLOPE="0.5", ROPE_DIMS="8", LN_SCALE="1", XSA_LAST_N="2",
+                       SMEAR_GATE="1", BIGRAM_BUCKETS="64", BIGRAM_DIM="16", LOOP_START="1", LOOP_END="1",
+                       LOOP_REPEATS="1", LOOP_START_FRAC="0.6", PARALLEL_FROM="2", MUON_WD="0.05", EMBED_WD="0.05",
+                       SCALAR_WD="0.01", MUON_ROW_NORM="1", MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR_SCALE="0.1")
 LONG_RUN = dict(ITERATIONS="20", SAVE_EVERY="5", KEEP_CHECKPOINTS="3", EMA_DECAY="0.9", QAT_START_FRAC="0.3",
-                QUANT_BITS="6", VAL_LOSS_EVERY="10")
+                QUANT_BITS="6", VAL_LOSS_EVERY="10", **EVERY_TECHNIQUE)
 
 
 def artifact_sha(cwd, run_id) -> str:
@@ -42,6 +47,7 @@ def test_periodic_checkpoints_keep_the_newest(straight_run):
 
 def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
     cwd, out = straight_run
+    assert "depth_recurrence: on from step:12" in out.stdout
     resumed = run_trainer(tiny_data.env(RUN_ID="resumed", RESUME="checkpoints/straight/step_000010", **LONG_RUN), cwd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from checkpoints/straight/step_000010 at step:10" in resumed.stdout
@@ -49,15 +55,17 @@ def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
     assert artifact_sha(cwd, "resumed") == artifact_sha(cwd, "straight"), "the exported weights differ"
 
 
-def test_resume_on_two_processes(tiny_data, tmp_path):
+def test_resume_on_two_processes(straight_run, tiny_data, tmp_path):
     outs = [run_trainer(tiny_data.env(RUN_ID="pair", **LONG_RUN), tmp_path, nproc=2)]
-    outs.append(run_trainer(tiny_data.env(RUN_ID="pair2", RESUME="checkpoints/pair/step_000015", **LONG_RUN),
+    outs.append(run_trainer(tiny_data.env(RUN_ID="pair2", RESUME="checkpoints/pair/step_000010", **LONG_RUN),
                             tmp_path, nproc=2))
     assert all(o.returncode == 0 for o in outs), outs[-1].stderr[-3000:]
     straight, resumed = (float(FINAL_RE.search(o.stdout).group(1)) for o in outs)
     assert abs(straight - resumed) < 1e-6
+    one_process = float(FINAL_RE.search(straight_run[1].stdout).group(1))
+    assert abs(straight - one_process) < 1e-4, "1 and 2 processes, every technique on"
     assert artifact_sha(tmp_path, "pair2") == artifact_sha(tmp_path, "pair"), "same world size: bitwise too"
-    assert len(list((tmp_path / "checkpoints" / "pair" / "step_000015").glob("muon_rank*.pt"))) == 2
+    assert len(list((tmp_path / "checkpoints" / "pair" / "step_000010").glob("muon_rank*.pt"))) == 2
 
 
 def tiny_training(tiny_data, tmp_path, **overrides):
