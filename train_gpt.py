@@ -50,8 +50,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 class ConfigError(ValueError):
-    """A bad setting or input (raised before any training work), or a run that cannot go on;
-    printed without a traceback."""
+    """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
 
 
 DATA_HINT = (
@@ -161,9 +160,8 @@ class Hyperparameters:
 
     def validate(self) -> None:
         """Checks that need only the settings themselves; world size and files come later."""
-        positive = ["train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size", "vocab_size",
-                    "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "muon_backend_steps"]
-        for name in positive:
+        for name in ["train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size", "vocab_size",
+                     "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "muon_backend_steps"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be positive")
         for name in ["iterations", "warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
@@ -660,6 +658,9 @@ class GPT(nn.Module):
         loop = list(range(hp.loop_start, hp.loop_end + 1)) * hp.loop_repeats
         self.looped_order = list(range(hp.loop_end + 1)) + loop + list(range(hp.loop_end + 1, hp.num_layers))
         self.looping = False  # a plain attribute, like CastedLinear.qat_bits
+        if hp.loop_repeats:  # saved with the weights, so a reloaded artifact runs its layers as trained
+            self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
+            self.register_load_state_dict_post_hook(lambda module, _: setattr(module, "looping", bool(module.loop_on)))
         self.parallel_from = hp.parallel_from
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
@@ -708,6 +709,8 @@ class GPT(nn.Module):
 def set_phase(model: GPT, looping: bool, qat_bits: int) -> None:
     """Turn depth recurrence and late QAT (fake quantization of the matrices the export quantizes) on or off."""
     model.looping = looping
+    if hasattr(model, "loop_on"):
+        model.loop_on.fill_(int(looping))
     for m in model.modules():
         if isinstance(m, CastedLinear):
             m.qat_bits = qat_bits if is_quantized(m.weight) else 0
@@ -813,8 +816,7 @@ def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     clip searched per row. Returns (q as float, scale (rows,) as stored in fp16)."""
     qmax = 2 ** (bits - 1) - 1
     absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
-    # scales as stored in fp16, floored at its smallest normal so an all-zero row cannot divide by zero;
-    # Python-float fractions: no host-to-device copy (and sync) per QAT layer in an eager CUDA forward
+    # fp16 scales floored at its smallest normal (no division by zero); float fractions: no host-to-device copy
     scales = torch.stack([absmax * f / qmax for f in CLIP_FRACTIONS])  # (K, R, 1)
     scales = round_to_fp16(scales.clamp(2.0 ** -14, 65504.0))
     q = torch.clamp(torch.round(w / scales), -qmax, qmax)  # (K, R, C)
@@ -1284,7 +1286,8 @@ def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
 def phase_at(progress: float, hp: Hyperparameters) -> tuple[bool, int]:
     """(looping, QAT bits) once this fraction of the training budget is spent."""
     qat_on = hp.qat_start_frac < 1.0 and progress >= hp.qat_start_frac
-    return hp.loop_repeats > 0 and progress >= hp.loop_start_frac, hp.quant_bits if qat_on else 0
+    looping = hp.loop_repeats > 0 and hp.loop_start_frac < 1.0 and progress >= hp.loop_start_frac
+    return looping, hp.quant_bits if qat_on else 0
 
 def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -1355,7 +1358,8 @@ def main() -> None:
     optimizers, muon = build_optimizers(base_model, hp, layout)
     compiled = base_model
     if layout.use_compile:
-        torch._dynamo.config.recompile_limit = 64  # training phases x eval shapes; fullgraph fails past it
+        # training phases x eval shapes; fullgraph fails past the limit (named cache_size_limit before torch 2.7)
+        torch._dynamo.config.cache_size_limit = 64
         compiled = torch.compile(base_model, dynamic=False, fullgraph=True)
         muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     model = compiled
@@ -1373,6 +1377,9 @@ def main() -> None:
         log(f"resume: from {hp.resume} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
         if hp.max_wallclock_seconds > 0 and state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
             stop_after_step = state.step  # the budget was spent before the checkpoint
+    if not hp.resume:  # a phase that starts at 0 is on from the first step
+        looping, qat_bits = phase_at(0.0, hp)
+        state.loop_active, state.qat_active = looping, bool(qat_bits)
     set_phase(base_model, state.loop_active, hp.quant_bits if state.qat_active else 0)
     codec = load_codec(hp.tokenizer_path) if hp.sample_every > 0 else None
     stop_signal = StopSignal()
@@ -1425,28 +1432,27 @@ def main() -> None:
                 line += f" mfu:{100 * mfu:.1f}%"
             log(line)
         # one clock, signal and health verdict for all ranks: the same LR, phase, stop and checkpoint everywhere
-        agreed = torch.tensor([state.elapsed_ms, stop_signal.signum], dtype=torch.float64, device=device)
-        agreed = torch.cat((agreed, (~torch.isfinite(train_loss)).to(torch.float64)[None]))
+        agreed = torch.tensor([state.elapsed_ms, stop_signal.signum], dtype=torch.float64,
+                              device="cpu" if device.type == "mps" else device)  # MPS has no float64
+        agreed = torch.cat((agreed, (~torch.isfinite(train_loss)).to(agreed)[None]))
         if layout.distributed:
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         state.elapsed_ms, signum, diverged = agreed.tolist()
         signum = int(signum)
         if diverged:
             lrs = ", ".join(f"{g['lr']:.4g}" for opt in optimizers for g in opt.param_groups)
-            raise ConfigError(f"training diverged: train_loss is not finite at step:{step} (LR multiplier "
-                              f"{lr_scale:.4f}; learning rates {lrs} for the embedding, scalars, [head,] matrices). "
-                              "No artifact was written; lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set "
-                              "GRAD_CLIP_NORM, and resume an earlier checkpoint if there is one")
+            raise ConfigError(f"training diverged: train_loss is not finite at step:{step} (LR multiplier {lr_scale:.4f}; "
+                              f"learning rates {lrs} for the embedding, scalars, [head,] matrices). No artifact was "
+                              "written; lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM, and resume an earlier checkpoint if there is one")
         if stop_after_step is None and hp.max_wallclock_seconds > 0 and \
                 state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
             stop_after_step = step
         looping, qat_bits = phase_at(training_progress(step, state.elapsed_ms, hp), hp)
-        if (looping, bool(qat_bits)) != (state.loop_active, state.qat_active):
+        run_ends = step >= hp.iterations or stop_after_step is not None  # no phase the model never trained in
+        if (looping, bool(qat_bits)) != (state.loop_active, state.qat_active) and not run_ends:
             set_phase(base_model, looping, qat_bits)
-            if looping != state.loop_active:
-                log(f"depth_recurrence: on from step:{step} layers {hp.loop_start}-{hp.loop_end} x{1 + hp.loop_repeats}")
-            if bool(qat_bits) != state.qat_active:
-                log(f"late_qat: on from step:{step} int{qat_bits} fake quantization of the matrices")
+            log(f"phase: from step:{step} depth_recurrence:{'on' if looping else 'off'} "
+                f"late_qat:{f'int{qat_bits}' if qat_bits else 'off'}")
             state.loop_active, state.qat_active = looping, bool(qat_bits)
         periodic_save = hp.save_every > 0 and (step % hp.save_every == 0 or step in (hp.iterations, stop_after_step))
         periodic_sample = hp.sample_every > 0 and step % hp.sample_every == 0 and step < hp.iterations

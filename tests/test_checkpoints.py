@@ -47,7 +47,7 @@ def test_periodic_checkpoints_keep_the_newest(straight_run):
 
 def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
     cwd, out = straight_run
-    assert "depth_recurrence: on from step:12" in out.stdout
+    assert "phase: from step:12 depth_recurrence:on late_qat:int6" in out.stdout
     resumed = run_trainer(tiny_data.env(RUN_ID="resumed", RESUME="checkpoints/straight/step_000010", **LONG_RUN), cwd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from checkpoints/straight/step_000010 at step:10" in resumed.stdout

@@ -209,7 +209,7 @@ def test_levers_end_to_end(tiny_data, tmp_path):
                         QAT_START_FRAC="0.5")
     out = run_trainer(env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "late_qat: on from step:10 int6" in out.stdout
+    assert "phase: from step:10 depth_recurrence:off late_qat:int6" in out.stdout
     plain = re.search(r"final_int6_lzma_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
     sliding = re.search(r"final_int6_lzma_sliding_window_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
     assert plain and sliding

@@ -245,3 +245,22 @@ def test_flops_count_looped_blocks_each_time():
     block = sum(p.numel() for p in model.blocks[1].parameters()) + sum(p.numel() for p in model.blocks[2].parameters())
     # blocks 1 and 2 run twice more each: their weights and their attention
     assert tg.count_flops_per_token(model, hp) - plain == 2 * 6 * block + 4 * 12 * hp.model_dim * hp.train_seq_len
+
+
+def test_loop_start_frac_one_never_loops_and_zero_loops_from_the_start():
+    hp = all_on_hp(loop_start_frac=1.0, iterations=100, max_wallclock_seconds=0)
+    assert not tg.phase_at(tg.training_progress(100, 0.0, hp), hp)[0], "no looping after the last step"
+    hp.loop_start_frac = 0.0
+    assert tg.phase_at(0.0, hp)[0]
+
+
+def test_the_loop_phase_travels_with_the_weights(tmp_path):
+    hp = all_on_hp(model_dim=192, bigram_dim=16)
+    model = random_model(hp)
+    tg.set_phase(model, looping=True, qat_bits=0)
+    tg.save_artifact(model.state_dict(), tmp_path / "m.ptz", hp)
+    reloaded = tg.GPT(hp)
+    assert not reloaded.looping
+    reloaded.load_state_dict(tg.load_artifact(tmp_path / "m.ptz"), strict=True)
+    assert reloaded.looping and reloaded.layer_order() == model.layer_order(), "scored as trained (deep_eval too)"
+    assert "loop_on" not in tg.GPT(tiny_hp()).state_dict(), "without loops the state dict is as before"
