@@ -1,0 +1,83 @@
+"""Bytes of real artifacts under each compressor and byte layout: which compressor should the export use?
+
+    pip install zstandard brotli   # optional: rows for the compressors that are missing are skipped
+    python bench/compressors.py logs/<run>_model.int6_lzma.ptz [--bits 8 6 5]
+
+Each artifact is read back (train_gpt.load_artifact) and re-exported at every --bits width with
+train_gpt.quantize_state_dict, so the int-N rows of one artifact are the same weights at N bits
+(re-quantizing an int6 model at 8 bits keeps its int6 grid: a lower bound on a fresh int8 export's
+entropy). Layouts: `pickle` is today's torch.save of the quantized dict; `grouped` concatenates the
+bit-packed integers of every matrix, then every fp16 scale, then every float tensor, so each
+compressor sees one kind of data at a time; `grouped+shuffle` also splits the 2- and 4-byte floats
+into byte planes (high bytes together), which helps when exponents repeat; `bytes+shuffle` stores
+each integer in a byte of its own instead of bit-packing it, leaving the entropy coding to the
+compressor (bit-packed 6-bit values straddle byte boundaries, which hides their distribution).
+"""
+
+import argparse
+import io
+import lzma
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import train_gpt as tg  # noqa: E402
+
+COMPRESSORS = {"zlib-9": lambda b: zlib.compress(b, 9), "lzma-9e": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME)}
+try:
+    import zstandard
+
+    COMPRESSORS["zstd-22"] = lambda b: zstandard.ZstdCompressor(level=22).compress(b)
+except ImportError:
+    pass
+try:
+    import brotli
+
+    COMPRESSORS["brotli-11"] = lambda b: brotli.compress(b, quality=11)
+except ImportError:
+    pass
+
+
+def shuffled(t: torch.Tensor) -> bytes:
+    """The tensor's bytes as planes: every element's first byte, then every second byte, ..."""
+    raw = t.contiguous().view(torch.uint8).numpy().reshape(-1, t.element_size())
+    return np.ascontiguousarray(raw.T).tobytes()
+
+
+def layouts(obj: dict) -> dict[str, bytes]:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    floats = [t for t in obj["floats"].values() if t.is_floating_point()]
+    packed = b"".join(t.numpy().tobytes() for t in obj["packed"].values())
+    scales = list(obj["scales"].values())
+    plain = b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for t in scales + floats)
+    ints = b"".join(tg.unpack_bits(t, obj["bits"][n], obj["shapes"][n][0] * obj["shapes"][n][1]).to(torch.int8)
+                    .numpy().tobytes() for n, t in obj["packed"].items())
+    shuffled_floats = b"".join(shuffled(t) for t in scales + floats)
+    return {"pickle": buffer.getvalue(), "grouped": packed + plain, "grouped+shuffle": packed + shuffled_floats,
+            "bytes+shuffle": ints + shuffled_floats}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifacts", nargs="+", type=Path)
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 6, 5], choices=tg.QUANT_BITS_CHOICES)
+    parser.add_argument("--embed-bits", type=int, default=8, choices=tg.QUANT_BITS_CHOICES)
+    args = parser.parse_args()
+    print(f"{'artifact':<28} {'bits':>4} {'layout':<16} {'raw':>10} " + " ".join(f"{c:>10}" for c in COMPRESSORS))
+    for path in args.artifacts:
+        state = tg.load_artifact(path)
+        params = sum(t.numel() for t in state.values() if t.is_floating_point())
+        for bits in args.bits:
+            for name, blob in layouts(tg.quantize_state_dict(state, bits, args.embed_bits)).items():
+                sizes = [len(compress(blob)) for compress in COMPRESSORS.values()]
+                print(f"{path.name[:28]:<28} {bits:>4} {name:<16} {len(blob):>10,} " + " ".join(f"{s:>10,}" for s in sizes)
+                      + f"   best {min(sizes) / params:.3f} B/param", flush=True)
+
+
+if __name__ == "__main__":
+    main()
