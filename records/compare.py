@@ -37,7 +37,7 @@ MAX_SEEDS = 1000
 @dataclass
 class Sample:
     label: str
-    losses: list  # the compared values: nats per token (val_loss), or per byte once in_unit() converts
+    losses: list | None  # the compared values: nats per token (val_loss), or per byte once in_unit() converts
     bpbs: list | None = None  # per-seed val_bpb, when known
     tokenizer: str | None = None  # "<tokenizer file> vocab <N>", when known
 
@@ -103,7 +103,7 @@ def load_sample(spec: str, values_are_bpb: bool = False) -> Sample:
     except ValueError:
         raise SystemExit(f"error: {spec!r} is neither a record folder nor comma-separated numbers "
                          f"like 2.5012,2.5031,2.4998") from None
-    return Sample("values", [math.nan] * len(values), values) if values_are_bpb else Sample("values", values)
+    return Sample("values", None, values) if values_are_bpb else Sample("values", values)
 
 
 def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> str:
@@ -114,7 +114,7 @@ def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> str:
 
 def in_unit(sample: Sample, unit: str) -> Sample:
     if unit == "token":
-        if any(math.isnan(x) for x in sample.losses):
+        if sample.losses is None:
             raise ValueError(f"{sample.label}: only val_bpb is known; compare per byte (--per-byte)")
         return sample
     if sample.bpbs is None:
