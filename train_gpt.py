@@ -1442,8 +1442,8 @@ def main() -> None:
         if diverged:
             lrs = ", ".join(f"{g['lr']:.4g}" for opt in optimizers for g in opt.param_groups)
             raise ConfigError(f"training diverged: train_loss is not finite at step:{step} (LR multiplier {lr_scale:.4f}; "
-                              f"learning rates {lrs} for the embedding, scalars, [head,] matrices). No artifact was "
-                              "written; lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM, and resume an earlier checkpoint if there is one")
+                              f"learning rates {lrs} for the embedding, scalars, [head,] matrices). No artifact was written; "
+                              "lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM, and resume a checkpoint if any")
         if stop_after_step is None and hp.max_wallclock_seconds > 0 and \
                 state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
             stop_after_step = step
