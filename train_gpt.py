@@ -48,7 +48,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # ---- HYPERPARAMETERS ----
 
-
 class ConfigError(ValueError):
     """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
 
@@ -145,12 +144,8 @@ class Hyperparameters:
     @classmethod
     def from_env(cls, environ=None) -> "Hyperparameters":
         environ = os.environ if environ is None else environ
-        values = {}
-        for f in fields(cls):
-            name = f.name.upper()
-            if name in environ:
-                values[f.name] = _parse_env_value(name, environ[name], f.default)
-        hp = cls(**values)
+        hp = cls(**{f.name: _parse_env_value(f.name.upper(), environ[f.name.upper()], f.default)
+                    for f in fields(cls) if f.name.upper() in environ})
         hp.validate()
         return hp
 
@@ -164,13 +159,9 @@ class Hyperparameters:
                      "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "muon_backend_steps"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)} must be positive")
-        for name in ["iterations", "warmdown_iters", "warmup_steps", "val_loss_every", "train_log_every", "grad_accum_steps",
-                     "muon_momentum_warmup_steps", "max_wallclock_seconds", "grad_clip_norm", "eval_seq_len",
-                     "eval_stride", "save_every", "keep_checkpoints", "sample_every", "mlp_leaky_slope", "rope_dims",
-                     "xsa_last_n", "bigram_buckets", "bigram_dim", "loop_start", "loop_end", "loop_repeats",
-                     "parallel_from", "muon_wd", "embed_wd", "scalar_wd"]:
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name.upper()}={getattr(self, name)} must be >= 0 (0 turns it off)")
+        for f in fields(self):  # no setting is meaningful below 0; for many, 0 turns them off
+            if isinstance(getattr(self, f.name), (int, float)) and getattr(self, f.name) < 0:
+                raise ConfigError(f"{f.name.upper()}={getattr(self, f.name)} must be >= 0")
         if self.num_layers < 2:
             raise ConfigError(f"NUM_LAYERS={self.num_layers}: the U-Net pairs encoder and decoder blocks; use at least 2")
         if self.vocab_size > 65_536:
@@ -214,23 +205,15 @@ class Hyperparameters:
                               "buckets (one is kept for 'no previous token') and a positive dim, or 0 buckets")
 
 def _parse_env_value(name: str, raw: str, default):
-    text = raw.strip()
+    text, kind = raw.strip(), type(default)
     try:
-        if isinstance(default, bool):
-            if text.lower() in ("1", "true"):
-                return True
-            if text.lower() in ("0", "false"):
-                return False
-            raise ValueError
-        if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
-    except ValueError:
-        kind = {bool: "0 or 1", int: "an integer", float: "a number"}[type(default)]
-        example = int(default) if isinstance(default, bool) else default
-        raise ConfigError(f"{name}={raw!r} is not {kind}; set it like {name}={example}") from None
-    return text
+        if kind is bool:
+            return {"1": True, "true": True, "0": False, "false": False}[text.lower()]
+        return kind(text) if kind in (int, float) else text
+    except (KeyError, ValueError):
+        what = {bool: "0 or 1", int: "an integer", float: "a number"}[kind]
+        example = int(default) if kind is bool else default
+        raise ConfigError(f"{name}={raw!r} is not {what}; set it like {name}={example}") from None
 
 @dataclass
 class Layout:
@@ -266,7 +249,6 @@ def resolve_grad_accum(hp: Hyperparameters, world_size: int) -> int:
 
 # ---- DEVICE ----
 
-
 def pick_device(local_rank: int) -> torch.device:
     """The one place that chooses hardware: CUDA, then Apple MPS, then CPU."""
     if torch.cuda.is_available():
@@ -296,7 +278,6 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 # ---- MUON OPTIMIZER ----
-
 
 # One (a, b, c) per Newton-Schulz iteration, the last repeated. The fixed quintic trades exactness for
 # speed: singular values land in roughly [0.7, 1.2], which Muon tolerates (Keller Jordan, modded-nanogpt).
@@ -338,14 +319,12 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         distributed = dist.is_available() and dist.is_initialized()
-        world_size = dist.get_world_size() if distributed else 1
-        rank = dist.get_rank() if distributed else 0
+        world_size, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
         for group in self.param_groups:
             params = group["params"]
             if not params:
                 continue
-            updates = torch.zeros(sum(p.numel() for p in params), device=params[0].device,
-                                  dtype=self.update_dtype)
+            updates = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=self.update_dtype)
             offset = 0
             for i, p in enumerate(params):
                 if i % world_size == rank and p.grad is not None:
@@ -379,67 +358,64 @@ SHARD_HEADER_INTS = 256
 SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 
-def load_data_shard(path) -> Tensor:
-    """Read one token shard: 256 little-endian int32 header, then uint16 tokens. Every header
-    field and the exact file size are checked, so a truncated download fails here, not mid-run."""
+def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
+    """One token shard, memory-mapped: 256 little-endian int32 header, then uint16 tokens. Every
+    header field and the exact file size are checked, and with vocab_size every token id."""
     path = Path(path)
     size = path.stat().st_size
     fix = "rebuild or re-download this shard (see data/README.md)"
     if size < SHARD_HEADER_BYTES:
-        raise ValueError(f"{path}: {size} bytes is shorter than the {SHARD_HEADER_BYTES}-byte shard header; {fix}")
+        raise ConfigError(f"{path}: {size} bytes is shorter than the {SHARD_HEADER_BYTES}-byte shard header; {fix}")
     header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
     if header[0] != SHARD_MAGIC:
-        raise ValueError(f"{path}: magic number {header[0]} != {SHARD_MAGIC}, so this is not a token shard. "
-                         f"HINT: shards are written by data/shards.py; {fix}")
+        raise ConfigError(f"{path}: magic number {header[0]} != {SHARD_MAGIC}, so this is not a token shard. "
+                          f"HINT: shards are written by data/shards.py; {fix}")
     if header[1] != SHARD_VERSION:
-        raise ValueError(f"{path}: shard version {header[1]} is not the supported version {SHARD_VERSION}; {fix}")
+        raise ConfigError(f"{path}: shard version {header[1]} is not the supported version {SHARD_VERSION}; {fix}")
     num_tokens = int(header[2])
     expected = SHARD_HEADER_BYTES + 2 * num_tokens
     if size != expected:
         what = "truncated" if size < expected else "has trailing bytes"
-        raise ValueError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens "
-                         f"({expected} bytes): it is {what}; {fix}")
-    return torch.from_numpy(np.fromfile(path, dtype="<u2", count=num_tokens, offset=SHARD_HEADER_BYTES))
+        raise ConfigError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens "
+                          f"({expected} bytes): it is {what}; {fix}")
+    tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
+    if vocab_size is not None and num_tokens and int(tokens.max()) >= vocab_size:
+        bad = int(np.argmax(tokens >= vocab_size))
+        raise ConfigError(f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: the shard "
+                          "was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to the ones that made it")
+    return tokens
 
-def shard_files(pattern: str, what: str) -> list[str]:
+def shard_files(pattern: str, what: str, vocab_size: int | None = None) -> list[str]:
+    """The shards matching pattern, each checked (with vocab_size, down to every token id)."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise ConfigError(f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
+    if sum(len(shard_tokens(f, vocab_size)) for f in files) == 0:
+        raise ConfigError(f"DATA_PATH: the {what} shards matching {pattern} hold no tokens; rebuild the data")
     return files
 
 class TokenStream:
-    """Walks the shards in order, one at a time, wrapping around at the end."""
+    """Walks the (memory-mapped) shards in order, wrapping around at the end."""
 
     def __init__(self, pattern: str):
-        self.files = shard_files(pattern, "training")
-        self.file_index = 0
-        self.tokens = load_data_shard(self.files[0])
-        self.pos = 0
+        self.shards = [shard_tokens(f) for f in shard_files(pattern, "training")]
+        self.file_index, self.pos = 0, 0
 
     def take(self, n: int) -> Tensor:
-        chunks, remaining, empty_in_a_row = [], n, 0
-        while remaining > 0:
-            available = self.tokens.numel() - self.pos
-            if available <= 0:
-                empty_in_a_row += 1
-                if empty_in_a_row > len(self.files):
-                    raise ValueError(f"every shard matching {self.files[0]}... is empty; rebuild the data")
-                self.file_index = (self.file_index + 1) % len(self.files)
-                self.tokens, self.pos = load_data_shard(self.files[self.file_index]), 0
-                continue
-            k = min(remaining, available)
-            chunks.append(self.tokens[self.pos:self.pos + k])
-            self.pos += k
-            remaining -= k
-            empty_in_a_row = 0
-        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        chunks = []
+        while n > 0:  # ends: setup() checked that the shards hold tokens
+            shard = self.shards[self.file_index]
+            chunks.append(shard[self.pos:self.pos + n])
+            self.pos, n = self.pos + len(chunks[-1]), n - len(chunks[-1])
+            if self.pos == len(shard):
+                self.file_index, self.pos = (self.file_index + 1) % len(self.shards), 0
+        return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
 
     def position(self) -> list[int]:
         return [self.file_index, self.pos]
 
     def seek(self, position: list[int]) -> None:
         self.file_index, self.pos = position
-        self.tokens = load_data_shard(self.files[self.file_index])
 
 class DistributedTokenLoader:
     """Every rank reads the same global chunk and keeps its own contiguous span of it; the extra
@@ -462,68 +438,115 @@ class DistributedTokenLoader:
         y = local[1:].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
         return x, y
 
-def load_validation_tokens(pattern: str, seq_len: int) -> Tensor:
-    tokens = torch.cat([load_data_shard(f) for f in shard_files(pattern, "validation")])
-    usable = ((tokens.numel() - 1) // seq_len) * seq_len
-    if usable <= 0:
-        raise ConfigError(f"DATA_PATH: the validation split {pattern} holds {tokens.numel()} tokens, fewer than one "
-                          f"sequence of TRAIN_SEQ_LEN={seq_len} + 1; lower TRAIN_SEQ_LEN or build more validation data")
-    return tokens[:usable + 1]
-
 
 # ---- TOKENIZER BYTE ACCOUNTING ----
 
+SPACE = "\u2581"  # SentencePiece's space symbol: one byte of text, however the tokenizer wrote it
 
 @dataclass
-class ByteLuts:
-    """Per-token-id tables that turn scored tokens into the UTF-8 bytes they stand for."""
-    base_bytes: Tensor  # int64 [V]: UTF-8 bytes of the piece without its leading "▁"
-    has_leading_space: Tensor  # bool [V]: the piece starts with "▁", one more byte unless after a boundary
-    is_boundary: Tensor  # bool [V]: control/unknown/unused ids (BOS...), which stand for no text
+class Tokenizer:
+    """A SentencePiece .model or the 260-id byte tokenizer's .json: a text codec, and per-id tables
+    of the UTF-8 bytes each token stands for, with what a document changes about them."""
+    encode: object  # str -> list[int]
+    decode: object  # list[int] -> str, the tokenizer's own decoder
+    piece_bytes: Tensor  # int64 [V]: bytes of the id's text, each space symbol counted as 1; -1: <unk>, text lost
+    leading_space: Tensor  # bool [V]: the piece starts with the space symbol
+    trailing_space: Tensor  # bool [V]: ... or ends with it
+    no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
+    space_bytes: list[int]  # the ids of the bytes E2 96 81, where a space symbol may arrive as them
+    dummy_space: str  # "start" or "end": where the tokenizer adds a space to every document, which is not text
 
-    def to(self, device) -> "ByteLuts":
-        return ByteLuts(*(t.to(device) for t in dataclasses.astuple(self)))
-
-def load_tokenizer_luts(tokenizer_path, vocab_size: int) -> ByteLuts:
-    """Byte tables for a SentencePiece .model or the 260-id byte tokenizer's .json."""
+def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
     path = Path(tokenizer_path)
     if not path.is_file():
         raise ConfigError(f"TOKENIZER_PATH={tokenizer_path} does not exist. {DATA_HINT}")
-    if path.suffix == ".json":
-        spec = json.loads(path.read_text())
-        if spec.get("kind") != "byte":
-            raise ConfigError(f"TOKENIZER_PATH={tokenizer_path}: kind {spec.get('kind')!r} is not 'byte'")
-        size, offset = int(spec["vocab_size"]), int(spec["byte_offset"])
-        base = torch.zeros(size, dtype=torch.int64)
-        base[offset:offset + 256] = 1
-        luts = ByteLuts(base, torch.zeros(size, dtype=torch.bool), base == 0)
-    else:
-        import sentencepiece as spm
+    try:
+        if path.suffix == ".json":  # the byte tokenizer: ids offset..offset+255 are the bytes, the rest control ids
+            spec = json.loads(path.read_text())
+            if spec.get("kind") != "byte":
+                raise ValueError(f"kind {spec.get('kind')!r} is not 'byte'")
+            offset, size = int(spec["byte_offset"]), int(spec["vocab_size"])
+            kinds, pieces, added = ["byte" if 0 <= i - offset < 256 else "control" for i in range(size)], [""] * size, ""
+            encode = lambda text: [b + offset for b in text.encode("utf-8")]
+            decode = lambda ids: bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
+        else:
+            import sentencepiece as spm
 
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-        size = sp.vocab_size()
-        base = torch.zeros(size, dtype=torch.int64)
-        space = torch.zeros(size, dtype=torch.bool)
-        boundary = torch.zeros(size, dtype=torch.bool)
-        for i in range(size):
-            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
-                boundary[i] = True
-            elif sp.is_byte(i):
-                base[i] = 1  # <0xAB> stands for exactly one byte, not the 6 characters of its name
-            else:
-                piece = sp.id_to_piece(i)
-                space[i] = piece.startswith("▁")
-                base[i] = len(piece.removeprefix("▁").encode("utf-8"))
-        luts = ByteLuts(base, space, boundary)
-    if size != vocab_size:
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+            pieces = [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+            kinds = ["control" if sp.is_control(i) else "byte" if sp.is_byte(i) else "unknown" if sp.is_unknown(i)
+                     else "text" for i in range(len(pieces))]
+            encode, decode, added = sp.encode, sp.decode, sp.normalize("a")  # "\u2581a": a space added in front
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"TOKENIZER_PATH={tokenizer_path} cannot be read as a tokenizer ({type(e).__name__}: {e}); "
+                          f"it must be a SentencePiece .model or a byte tokenizer .json. {DATA_HINT}") from None
+    if len(pieces) != vocab_size:
         raise ConfigError(f"VOCAB_SIZE={vocab_size} does not match TOKENIZER_PATH={tokenizer_path}, which has "
-                          f"{size} ids; set VOCAB_SIZE={size}")
-    return luts
+                          f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
+    if kinds[BOS_ID] != "control":
+        raise ConfigError(f"TOKENIZER_PATH={tokenizer_path}: id {BOS_ID}, which starts every document in the shards, "
+                          "is not a control id (BOS); train the tokenizer with bos_id=1")
+    def per_id(value) -> Tensor:
+        return torch.tensor([value(kind, piece) for kind, piece in zip(kinds, pieces)])
+    byte_ids = {piece: i for i, (kind, piece) in enumerate(zip(kinds, pieces)) if kind == "byte"}
+    space_bytes = [byte_ids.get(f"<0x{b:02X}>") for b in SPACE.encode("utf-8")]
+    return Tokenizer(encode, decode, per_id(lambda k, p: len(p.encode("utf-8")) - 2 * p.count(SPACE) if k == "text"
+                                            else {"byte": 1, "unknown": -1}.get(k, 0)),
+                     per_id(lambda k, p: k == "text" and p.startswith(SPACE)),
+                     per_id(lambda k, p: k == "text" and p.endswith(SPACE)), per_id(lambda k, p: k == "control"),
+                     space_bytes if None not in space_bytes else [], {SPACE + "a": "start", "a" + SPACE: "end"}.get(added, ""))
 
-def count_target_bytes(prev_ids: Tensor, target_ids: Tensor, luts: ByteLuts) -> Tensor:
-    """Bytes each target token stands for. A leading "▁" is a real space except right after a
-    boundary token, where the decoder drops it (documents start after BOS)."""
-    return luts.base_bytes[target_ids] + (luts.has_leading_space[target_ids] & ~luts.is_boundary[prev_ids])
+def token_bytes(tokens: Tensor, tok: Tokenizer) -> Tensor:
+    """Bytes of text behind each position of a token stream: the id's, but a space symbol written as its 3
+    UTF-8 bytes is 1 byte, and the space the tokenizer adds to each document (the decoder may keep it) 0."""
+    ids = tokens.long()
+    n = tok.piece_bytes[ids]
+    starts, ends = torch.ones_like(ids, dtype=torch.bool), torch.ones_like(ids, dtype=torch.bool)
+    starts[1:], ends[:-1] = tok.no_text[ids[:-1]], tok.no_text[ids[1:]]
+    first, last = tok.leading_space[ids] & starts, tok.trailing_space[ids] & ends
+    if tok.space_bytes:
+        e2, x96, x81 = tok.space_bytes
+        spaced = torch.zeros_like(starts)  # the last of the bytes E2 96 81
+        spaced[2:] = (ids[:-2] == e2) & (ids[1:-1] == x96) & (ids[2:] == x81)
+        n[:-2] -= spaced[2:].long()
+        n[1:-1] -= spaced[2:].long()
+        first[2:] |= spaced[2:] & starts[:-2]
+        last |= spaced & ends
+    return n - {"start": first, "end": last}.get(tok.dummy_space, torch.zeros_like(first)).long()
+
+def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str) -> None:
+    """Refuse, naming the document, unless each one's counted bytes equal the UTF-8 bytes it decodes to
+    (space symbols as spaces; undone: the decoder keeps an added space that bytes or a suffix wrote, and
+    in suffix mode drops a real leading space)."""
+    if (counted < 0).any():
+        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could not write, so its bytes are unknown "
+                          "and val_bpb cannot be exact; use a tokenizer trained with byte_fallback=True")
+    starts = [-1] * (not tok.no_text[tokens[0]]) + tok.no_text[tokens.long()].nonzero().flatten().tolist()
+    starts.append(tokens.numel())
+    sums = torch.cat([torch.zeros(1, dtype=torch.int64), counted.cumsum(0)])
+    for doc, (a, b) in enumerate(zip(starts, starts[1:])):
+        text = tok.decode(tokens[a + 1:b].tolist())
+        expected = len(text.replace(SPACE, " ").encode("utf-8"))
+        expected -= bool(text) and ((tok.dummy_space == "start" and text[0] == SPACE) or
+                                    (tok.dummy_space == "end" and text[-1] in (SPACE, " ")))
+        expected += tok.dummy_space == "end" and b > a + 1 and bool(tok.leading_space[tokens[a + 1]])
+        if int(sums[b] - sums[a + 1]) != expected:
+            raise ConfigError(f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes to {expected} "
+                              f"bytes but the byte tables count {int(sums[b] - sums[a + 1])}; this tokenizer writes text "
+                              "in a way val_bpb cannot count exactly: please report it with the tokenizer")
+
+def load_validation(pattern: str, seq_len: int, tok: Tokenizer) -> tuple[Tensor, Tensor]:
+    """The validation tokens and the bytes behind each, checked, cut to whole sequences of seq_len targets."""
+    shards = [shard_tokens(f) for f in shard_files(pattern, "validation", len(tok.piece_bytes))]
+    tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
+    counted = token_bytes(tokens, tok)
+    check_token_bytes(tokens, counted, tok, f"DATA_PATH={Path(pattern).parent} validation split")
+    usable = ((tokens.numel() - 1) // seq_len) * seq_len
+    if usable <= 0 or not counted[1:usable + 1].any():
+        raise ConfigError(f"DATA_PATH: the validation split {pattern} holds {tokens.numel()} tokens ({int(counted.sum())} "
+                          f"bytes of text), not one sequence of TRAIN_SEQ_LEN={seq_len} + 1 targets with text; lower "
+                          "TRAIN_SEQ_LEN or build more validation data")
+    return tokens[:usable + 1], counted[:usable + 1]
 
 
 # ---- MODEL ----
@@ -728,16 +751,13 @@ def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
 
 # ---- EVALUATION ----
 
-
 @torch.no_grad()
-def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperparameters, layout: Layout,
+def evaluate(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperparameters, layout: Layout,
              sliding: bool = False) -> tuple[float, float]:
-    """val_loss (nats per token) and val_bpb over the whole validation split, scored in windows of
-    seq_len tokens. Each window scores the targets after the previous window's, so every token is
-    scored exactly once: with stride = seq_len (plain) windows do not overlap; with a sliding
-    stride each scored token sees at least seq_len - stride tokens of context, except in the
-    first window, which scores all of its tokens. Ranks take contiguous runs of windows; the
-    float64 sums are reduced."""
+    """val_loss (nats per token) and val_bpb of the validation split, in windows of seq_len tokens, each
+    scoring the targets after the previous window's: every token once, with at least seq_len - stride
+    tokens of context outside the first window (plain: stride = seq_len). Ranks take contiguous runs
+    of windows; the float64 sums are reduced."""
     seq_len = (hp.eval_seq_len or hp.train_seq_len) if sliding else hp.train_seq_len
     stride = (hp.eval_stride or seq_len) if sliding else seq_len
     num_targets = val_tokens.numel() - 1
@@ -761,12 +781,13 @@ def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperpara
         windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])
         windows = windows.to(layout.device, torch.int64, non_blocking=True)
         x, y = windows[:, :-1], windows[:, 1:]  # (B, T)
+        num_bytes = torch.stack([val_bytes[ends[k] - seq_len + 1:ends[k] + 1] for k in batch])
         ks = torch.arange(i, i + batch_windows, device=layout.device)
         num_scored = torch.where(ks < last, scored[ks.clamp(max=last - 1)], 0)  # no host sync
         mask = positions[None, :] >= seq_len - num_scored[:, None]  # (B, T): the last num_scored
         with autocast(layout):
             losses = model(x, y, reduction="none").detach().view_as(mask)
-        losses, mask, num_bytes = (t.to(acc) for t in (losses, mask, count_target_bytes(x, y, luts)))
+        losses, mask, num_bytes = (t.to(acc) for t in (losses, mask, num_bytes))
         sums[0] += torch.where(mask, losses.double(), 0.0).sum()
         sums[1] += mask.sum()
         sums[2] += (num_bytes * mask).sum()
@@ -774,9 +795,6 @@ def evaluate(model: nn.Module, val_tokens: Tensor, luts: ByteLuts, hp: Hyperpara
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     model.train(was_training)
     loss_sum, tokens, num_bytes = sums.tolist()
-    if num_bytes == 0:
-        raise ConfigError(f"TOKENIZER_PATH={hp.tokenizer_path}: the validation tokens stand for 0 bytes; is it the "
-                          "tokenizer that made DATA_PATH's shards?")
     val_loss = loss_sum / tokens
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
 
@@ -800,9 +818,6 @@ COMPRESSORS = {
 
 def is_quantized(tensor: Tensor) -> bool:
     return tensor.is_floating_point() and tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
-
-def export_tag(hp: Hyperparameters) -> str:
-    return f"int{hp.quant_bits}_{hp.compressor}"  # names the log lines: final_int6_lzma_roundtrip_exact
 
 def round_to_fp16(x: Tensor) -> Tensor:
     """Positive fp32 values in fp16's normal range, rounded to the nearest fp16 (ties to even) and
@@ -890,12 +905,10 @@ def load_artifact(path) -> dict[str, Tensor]:
 
 # ---- LOGGING ----
 
-
+@dataclass
 class RunLog:
     """Console lines from rank 0, mirrored into logs/<RUN_ID>.txt after the script's own source."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
+    path: Path | None
 
     def write_header(self, source: bytes, hp: Hyperparameters, layout: Layout, command: str) -> None:
         digest = hashlib.sha256(source).hexdigest()
@@ -921,19 +934,14 @@ class RunLog:
 
 def describe_hardware(layout: Layout) -> list[str]:
     if layout.device.type == "cuda":
-        lines = [f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"]
         try:
-            smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
-            lines += smi.rstrip().splitlines()
+            smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout.rstrip().splitlines()
         except (OSError, subprocess.SubprocessError):
-            pass
-        return lines
-    cpu_name = platform.processor() or platform.machine()
-    try:
-        cpu_name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                        if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+            smi = []
+        return [f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"] + smi
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu_name = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                    platform.processor() or platform.machine())
     return [f"hardware: {layout.device.type}: {cpu_name}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
 
@@ -996,10 +1004,16 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
     if not (folder / "meta.json").is_file():
         raise ConfigError(f"RESUME={hp.resume}: {folder / 'meta.json'} does not exist; point RESUME at a "
                           "step_NNNNNN folder of a checkpoint, or use RESUME=latest with the run's RUN_ID")
-    meta = json.loads((folder / "meta.json").read_text())
     defaults = dataclasses.asdict(Hyperparameters())  # a checkpoint older than a setting ran its default
-    for name in MODEL_SHAPE_SETTINGS:
-        saved = meta["hyperparameters"].get(name, defaults[name])
+    try:  # the tensors are mapped, not read: this finds a damaged file, not a flipped bit
+        meta = json.loads((folder / "meta.json").read_text())
+        shape = {name: meta["hyperparameters"].get(name, defaults[name]) for name in MODEL_SHAPE_SETTINGS}
+        for path in [folder / "state.pt", *folder.glob("muon_rank*.pt")]:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise ConfigError(f"RESUME={folder}: the checkpoint is damaged ({type(e).__name__}: {e}); resume an earlier "
+                          "one") from None
+    for name, saved in shape.items():
         if saved != getattr(hp, name):
             raise ConfigError(f"RESUME={folder}: the checkpoint has {name.upper()}={saved} "
                               f"but this run has {name.upper()}={getattr(hp, name)}; set it to match")
@@ -1063,32 +1077,20 @@ def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, 
     loader.stream.seek(meta["loader"])
     return LoopState(**{f.name: meta.get(f.name, f.default) for f in fields(LoopState)})
 
-def load_codec(tokenizer_path) -> tuple:
-    """(encode, decode) between text and ids, for a SentencePiece .model or the byte tokenizer."""
-    path = Path(tokenizer_path)
-    if path.suffix == ".json":
-        offset = int(json.loads(path.read_text())["byte_offset"])
-        return (lambda text: [b + offset for b in text.encode("utf-8")],
-                lambda ids: bytes(i - offset for i in ids if offset <= i < offset + 256).decode("utf-8", "replace"))
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(path))
-    return sp.encode, sp.decode
-
 @torch.no_grad()
-def sample(model: GPT, codec, hp: Hyperparameters, layout: Layout, new_tokens: int = 32) -> list[str]:
-    """Greedy continuations of fixed prompts, so a user sees what the model learned."""
-    encode, decode = codec
+def sample(model: GPT, tok: Tokenizer, hp: Hyperparameters, layout: Layout, log, new_tokens: int = 32) -> list[str]:
+    """Greedy continuations of fixed prompts, logged, so a user sees what the model learned."""
     was_training = model.training
     model.eval()
     texts = []
     for prompt in SAMPLE_PROMPTS:
-        ids = [BOS_ID] + encode(prompt)
+        ids = [BOS_ID] + tok.encode(prompt)
         for _ in range(new_tokens):
             x = torch.tensor([ids[-hp.train_seq_len:]], device=layout.device)
             with autocast(layout):
                 ids.append(int(model.logits(x)[0, -1].argmax()))
-        texts.append(decode(ids[1:]))
+        texts.append(tok.decode(ids[1:]))
+        log(f"sample: {texts[-1]!r}")
     model.train(was_training)
     return texts
 
@@ -1116,7 +1118,6 @@ class StopSignal:
 
 
 # ---- TRAINING ----
-
 
 def training_progress(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
     """The spent part of the budget: of ITERATIONS or of MAX_WALLCLOCK_SECONDS, whichever is further."""
@@ -1213,18 +1214,39 @@ def train_step(model: nn.Module, loader: DistributedTokenLoader, optimizers, hp:
         opt.zero_grad(set_to_none=True)
     return total / layout.grad_accum_steps
 
-def setup(environ=None) -> tuple[Hyperparameters, Layout]:
-    """Every check that can fail runs here, on every rank, before any process group or model."""
+@dataclass
+class Run:
+    """What setup() read and checked, and what the stages of main() share."""
+    hp: Hyperparameters
+    layout: Layout
+    tokenizer: Tokenizer
+    val_tokens: Tensor
+    val_bytes: Tensor  # the bytes of text behind each validation token
+    log: RunLog | None = None
+    model: GPT | None = None  # the plain module: its weights are trained, exported and sampled
+    compiled: nn.Module | None = None  # the same weights, compiled on CUDA: what evaluates
+
+def setup(environ=None) -> Run:
+    """Every check that can fail, on every rank, before any process group, model or file: settings, paths,
+    the tokenizer, every shard's header and ids, the validation split's bytes against decoding."""
     environ = os.environ if environ is None else environ
     hp = Hyperparameters.from_env(environ)
     world_size = int(environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(environ.get("RANK", "0")), int(environ.get("LOCAL_RANK", "0"))
     accum = resolve_grad_accum(hp, world_size)
+    if hp.run_id and (Path(hp.run_id).name != hp.run_id or hp.run_id.startswith(".")):
+        raise ConfigError(f"RUN_ID={hp.run_id!r} names files in LOG_DIR and CHECKPOINT_DIR, so it must be a plain "
+                          "name: no '/', not starting with '.'")
+    for name in ("log_dir", "checkpoint_dir"):
+        folder = Path(getattr(hp, name))
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{name.upper()}={folder}: {existing} is not a writable directory; choose another folder")
     if not Path(hp.data_path).is_dir():
         raise ConfigError(f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
-    shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training")
-    shard_files(os.path.join(hp.data_path, "fineweb_val_*.bin"), "validation")
-    load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size)
+    tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+    shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size)
+    val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len, tokenizer)
     meta = resolve_resume(hp)
     log_path = Path(hp.log_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists():
@@ -1236,18 +1258,7 @@ def setup(environ=None) -> tuple[Hyperparameters, Layout]:
     device = pick_device(local_rank)
     layout = Layout(rank, world_size, local_rank, world_size > 1, device, accum,
                     resolve_mode(hp.compile, device), resolve_mode(hp.bf16, device))
-    return hp, layout
-
-@dataclass
-class Run:
-    """What the stages of main() share."""
-    hp: Hyperparameters
-    layout: Layout
-    log: RunLog
-    model: GPT  # the plain module: its weights are trained, exported and sampled
-    compiled: nn.Module  # the same weights, compiled on CUDA: what evaluates
-    val_tokens: Tensor
-    luts: ByteLuts
+    return Run(hp, layout, tokenizer, *val)
 
 def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
     """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
@@ -1257,8 +1268,7 @@ def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
             raise ConfigError(f"head dim MODEL_DIM/NUM_HEADS = {hp.model_dim // hp.num_heads} is over flash "
                               "attention's 256; use more NUM_HEADS, or BF16=0 (math attention, slow)")
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.enable_flash_sdp(True)
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
@@ -1312,10 +1322,10 @@ def warmup(run: Run, model: nn.Module, loader: DistributedTokenLoader, optimizer
     if run.layout.use_compile:
         run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
 
-def export_and_score(run: Run, state: LoopState, source: bytes, codec) -> None:
+def export_and_score(run: Run, state: LoopState, source: bytes) -> None:
     """Export, then score what was exported: the number that counts is the round-tripped model's."""
     hp, layout, log = run.hp, run.layout, run.log
-    tag = export_tag(hp)
+    tag = f"int{hp.quant_bits}_{hp.compressor}"  # names the log lines: final_int6_lzma_roundtrip_exact
     artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.{tag}.ptz"
     if layout.is_main:
         blob = save_artifact(run.model.state_dict(), artifact_path, hp)
@@ -1333,40 +1343,36 @@ def export_and_score(run: Run, state: LoopState, source: bytes, codec) -> None:
     for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
         synchronize(layout.device)
         t_eval = time.perf_counter()
-        val_loss, val_bpb = evaluate(run.compiled, run.val_tokens, run.luts, hp, layout, sliding=sliding)
+        val_loss, val_bpb = evaluate(run.compiled, run.val_tokens, run.val_bytes, hp, layout, sliding)
         synchronize(layout.device)
         log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
         log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
     if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
-        for text in sample(run.model, codec, hp, layout):
-            log(f"sample: {text!r}")
+        sample(run.model, run.tokenizer, hp, layout, log)
 
 def main() -> None:
-    hp, layout = setup()
-    device = layout.device
+    run = setup()
+    hp, layout, device, val_tokens, val_bytes = run.hp, run.layout, run.layout.device, run.val_tokens, run.val_bytes
     source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
-    log = init_runtime(hp, layout, source)
+    log = run.log = init_runtime(hp, layout, source)
     torch.manual_seed(hp.seed)
-    luts = load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
-    val_tokens = load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
     train_pattern = os.path.join(hp.data_path, "fineweb_train_*.bin")
-    log(f"val_tokens:{val_tokens.numel() - 1} train_shards:{len(shard_files(train_pattern, 'training'))}")
-
-    base_model = GPT(hp).to(device)
+    log(f"val_tokens:{val_tokens.numel() - 1} val_bytes:{int(val_bytes[1:].sum())} "
+        f"train_shards:{len(glob.glob(train_pattern))}")
+    base_model = run.model = GPT(hp).to(device)
     log(f"model_params:{sum(p.numel() for p in base_model.parameters())}")
     optimizers, muon = build_optimizers(base_model, hp, layout)
-    compiled = base_model
+    compiled = run.compiled = base_model
     if layout.use_compile:
         # training phases x eval shapes; fullgraph fails past the limit (named cache_size_limit before torch 2.7)
         torch._dynamo.config.cache_size_limit = 64
-        compiled = torch.compile(base_model, dynamic=False, fullgraph=True)
+        compiled = run.compiled = torch.compile(base_model, dynamic=False, fullgraph=True)
         muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     model = compiled
     if layout.distributed:  # no buffer broadcast: every rank holds the same RoPE tables and phase flags
         model = DDP(compiled, device_ids=[layout.local_rank] if device.type == "cuda" else None,
                     broadcast_buffers=False)
-    run = Run(hp, layout, log, base_model, compiled, val_tokens, luts)
     if hp.warmup_steps > 0:
         warmup(run, model, DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device), optimizers)
     loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
@@ -1381,11 +1387,8 @@ def main() -> None:
         looping, qat_bits = phase_at(0.0, hp)
         state.loop_active, state.qat_active = looping, bool(qat_bits)
     set_phase(base_model, state.loop_active, hp.quant_bits if state.qat_active else 0)
-    codec = load_codec(hp.tokenizer_path) if hp.sample_every > 0 else None
-    stop_signal = StopSignal()
-    peak = peak_flops(device)
-    source_sha256 = hashlib.sha256(source).hexdigest()
-    first_step = state.step
+    stop_signal, peak = StopSignal(), peak_flops(device)
+    source_sha256, first_step = hashlib.sha256(source).hexdigest(), state.step
 
     def pause_clock():  # validation, checkpoints and samples do not count as training time
         synchronize(device)
@@ -1401,7 +1404,7 @@ def main() -> None:
             pause_clock()
             if ema:
                 ema.swap(base_model)  # score the weights that will be exported
-            val_loss, val_bpb = evaluate(compiled, val_tokens, luts, hp, layout)
+            val_loss, val_bpb = evaluate(compiled, val_tokens, val_bytes, hp, layout)
             if ema:
                 ema.swap(base_model)
             log(f"step:{step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
@@ -1413,7 +1416,6 @@ def main() -> None:
                 log(f"stopping_early: wallclock_cap train_time:{state.training_time_ms:.0f}ms "
                     f"step:{step}/{hp.iterations}")
             break
-
         for group in muon.param_groups:
             group["momentum"] = muon_momentum(step, hp)
         lr_scale = lr_schedule(step, state.elapsed_ms, hp)
@@ -1421,7 +1423,6 @@ def main() -> None:
         if ema:
             ema.update(base_model)
         state.step = step = step + 1
-
         state.elapsed_ms = state.training_time_ms + 1000.0 * (time.perf_counter() - t0)
         if hp.train_log_every > 0 and (step <= 10 or step % hp.train_log_every == 0):
             tokens_per_s = hp.train_batch_tokens * step / (state.elapsed_ms / 1000.0)
@@ -1459,11 +1460,9 @@ def main() -> None:
         if signum or periodic_save or periodic_sample:
             pause_clock()
             if periodic_sample and layout.is_main:
-                for text in sample(base_model, codec, hp, layout):
-                    log(f"sample: {text!r}")
+                sample(base_model, run.tokenizer, hp, layout, log)
             if signum or periodic_save:
-                folder = save_checkpoint(hp, layout, base_model, optimizers[0], muon, ema, state, loader,
-                                         source_sha256)
+                folder = save_checkpoint(hp, layout, base_model, optimizers[0], muon, ema, state, loader, source_sha256)
                 log(f"checkpoint: {folder} step:{state.step} ({signal.Signals(signum).name if signum else 'periodic'})")
             if signum:
                 resume = launch_command({**os.environ, "RESUME": str(folder), "RUN_ID": hp.run_id})
@@ -1484,7 +1483,7 @@ def main() -> None:
             f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
     if ema:
         ema.swap(base_model)
-    export_and_score(run, state, source, codec)
+    export_and_score(run, state, source)
     if layout.use_compile:
         log(f"compile: {compiled_graphs()} graphs after the final evaluations")
     if layout.distributed:

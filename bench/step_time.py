@@ -20,7 +20,8 @@ import train_gpt as tg  # noqa: E402
 
 
 def time_mode(environ: dict, warmup: int, steps: int) -> dict:
-    hp, layout = tg.setup(environ)
+    run = tg.setup(environ)
+    hp, layout = run.hp, run.layout
     torch.manual_seed(hp.seed)
     model = tg.GPT(hp).to(layout.device)
     optimizers, muon = tg.build_optimizers(model, hp, layout)

@@ -2,9 +2,10 @@
 
 The record's script is imported by path (its top level has no side effects), so the model is built,
 loaded and evaluated by exactly the code that produced the claim. It needs from that script:
-Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, load_tokenizer_luts(path,
-vocab_size), load_validation_tokens(pattern, seq_len), Layout(...) and evaluate(model, val_tokens,
-luts, hp, layout) -> (val_loss, val_bpb).
+Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, Layout(...), evaluate(model,
+val_tokens, luts, hp, layout) -> (val_loss, val_bpb), and either load_tokenizer(path, vocab_size) and
+load_validation(pattern, seq_len, tokenizer) -> (val_tokens, bytes per position), or (older scripts)
+load_tokenizer_luts(path, vocab_size) and load_validation_tokens(pattern, seq_len).
 """
 
 import dataclasses
@@ -82,8 +83,13 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     use_bf16 = same_device and str(layout_logged.get("bf16")) == "True"
     layout = mod.Layout(rank=0, world_size=1, local_rank=0, distributed=False, device=device,
                         grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
-    luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
-    val_tokens = mod.load_validation_tokens(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len)
+    pattern = os.path.join(hp.data_path, "fineweb_val_*.bin")
+    if hasattr(mod, "load_tokenizer"):  # scripts since 2026-11-23: the bytes behind each position, checked
+        val_tokens, luts = mod.load_validation(pattern, hp.train_seq_len, mod.load_tokenizer(hp.tokenizer_path,
+                                                                                             hp.vocab_size))
+    else:  # per-id tables
+        luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
+        val_tokens = mod.load_validation_tokens(pattern, hp.train_seq_len)
     model = mod.GPT(hp).to(device)
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
     return mod.evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if sliding else {}))

@@ -156,7 +156,8 @@ def test_samples_decode_to_text(tiny_data):
     hp = tg.Hyperparameters(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=32, num_heads=4,
                             num_kv_heads=2, train_seq_len=16)
     layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
-    texts = tg.sample(tg.GPT(hp), tg.load_codec(tiny_data.tokenizer_path), hp, layout, new_tokens=5)
+    texts = tg.sample(tg.GPT(hp), tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size), hp, layout, print,
+                      new_tokens=5)
     assert len(texts) == len(tg.SAMPLE_PROMPTS)
     for prompt, text in zip(tg.SAMPLE_PROMPTS, texts):
         assert isinstance(text, str) and text.startswith(prompt) and len(text) > len(prompt)
@@ -164,7 +165,8 @@ def test_samples_decode_to_text(tiny_data):
 
 def test_byte_codec_round_trips(tmp_path):
     (tmp_path / "byte260.json").write_text(json.dumps({"kind": "byte", "vocab_size": 260, "byte_offset": 4}))
-    encode, decode = tg.load_codec(tmp_path / "byte260.json")
+    tok = tg.load_tokenizer(tmp_path / "byte260.json", 260)
+    encode, decode = tok.encode, tok.decode
     text = "Fellow citizens — ünïcödé 🚀"
     assert decode(encode(text)) == text and min(encode(text)) >= 4
 

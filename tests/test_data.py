@@ -44,8 +44,12 @@ def build(data_dir, *variants, documents=SLICE_DOCS, shard_tokens=SLICE_SHARD_TO
                             "--shard-tokens", str(shard_tokens)])
 
 
+def load_shard(path) -> torch.Tensor:
+    return torch.from_numpy(np.array(train_gpt.shard_tokens(path)))
+
+
 def split_tokens(data_dir, manifest, split):
-    shards = [train_gpt.load_data_shard(data_dir / "datasets" / manifest["name"] / s["file"])
+    shards = [load_shard(data_dir / "datasets" / manifest["name"] / s["file"])
               for s in manifest["splits"][split]["shards"]]
     return torch.cat(shards).long()
 
@@ -80,7 +84,7 @@ def test_write_datafile_is_the_challenge_format_and_train_gpt_reads_it(tmp_path)
     assert header[:3].tolist() == [20240520, 1, len(tokens)] and not header[3:].any()
     assert len(raw) == 1024 + 2 * len(tokens)
     assert np.frombuffer(raw[1024:], dtype="<u2").tolist() == tokens.tolist()
-    loaded = train_gpt.load_data_shard(path)
+    loaded = load_shard(path)
     assert loaded.dtype == torch.uint16 and loaded.long().tolist() == tokens.tolist()
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
 
@@ -169,10 +173,10 @@ def test_val_bytes_from_train_gpt_accounting_equal_decoded_text(slice_build, sli
     m = manifests[variant]
     tok_path = data_dir / m["tokenizer"]["path"]
     tok = load_tokenizer(tok_path)
-    luts = train_gpt.load_tokenizer_luts(tok_path, m["tokenizer"]["vocab_size"])
+    tables = train_gpt.load_tokenizer(tok_path, m["tokenizer"]["vocab_size"])
     for split in ("val", "train"):
         stream = split_tokens(data_dir, m, split)
-        counted = int(train_gpt.count_target_bytes(stream[:-1], stream[1:], luts).sum())
+        counted = int(train_gpt.token_bytes(stream, tables).sum())
         decoded = sum(len(tok.decode(doc).encode("utf-8")) for doc in documents_of(stream))
         assert counted == decoded == m["splits"][split]["bytes"], (variant, split)
     if variant == "byte260":
@@ -195,7 +199,7 @@ def test_rerun_reuses_verified_outputs_and_rebuilds_damaged_ones(tmp_path, capsy
     third = build(tmp_path, "sp1024")[0]
     out = capsys.readouterr().out
     assert "reused" not in out and "training" not in out  # the intact tokenizer is kept
-    assert third["splits"] == first["splits"] and train_gpt.load_data_shard(shard).numel() > 0
+    assert third["splits"] == first["splits"] and load_shard(shard).numel() > 0
 
 
 def test_scripts_run_from_the_repo_root(tmp_path):
@@ -335,7 +339,7 @@ def test_hub_download_resumes_links_and_reuses(tmp_path, monkeypatch):
         for p in shard_dir.iterdir():
             assert p.read_bytes() == files[f"{SHARD_DIR}/{p.name}"]
             assert p.stat().st_nlink == 2  # hard-linked out of the hub cache, not copied
-            assert train_gpt.load_data_shard(p)[0] == BOS
+            assert load_shard(p)[0] == BOS
         model = tmp_path / "data" / "tokenizers" / "fineweb_1024_bpe.model"
         assert model.read_bytes() == files["datasets/tokenizers/fineweb_1024_bpe.model"]
 

@@ -50,28 +50,28 @@ def random_model(hp: tg.Hyperparameters) -> tg.GPT:
 
 @pytest.fixture
 def val_setup(tiny_data):
-    luts = tg.load_tokenizer_luts(tiny_data.tokenizer_path, tiny_data.vocab_size)
-    val_tokens = tg.load_validation_tokens(str(tiny_data.data_path / "fineweb_val_*.bin"), 16)[:16 * 40 + 1]
-    return luts, val_tokens
+    tok = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
+    val_tokens, val_bytes = tg.load_validation(str(tiny_data.data_path / "fineweb_val_*.bin"), 16, tok)
+    return val_bytes[:16 * 40 + 1], val_tokens[:16 * 40 + 1]
 
 
 def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val_setup):
-    luts, val_tokens = val_setup
+    val_bytes, val_tokens = val_setup
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=16)
     model = random_model(hp)
-    plain = tg.evaluate(model, val_tokens, luts, hp, cpu_layout())
-    sliding = tg.evaluate(model, val_tokens, luts, hp, cpu_layout(), sliding=True)
+    plain = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout())
+    sliding = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
     assert sliding == pytest.approx(plain, rel=1e-12)
 
 
 @pytest.mark.parametrize("seq_len, stride", [(16, 4), (32, 8), (16, 5), (24, 24)])
 def test_sliding_scores_every_token_once(tiny_data, val_setup, seq_len, stride):
-    luts, val_tokens = val_setup
+    val_bytes, val_tokens = val_setup
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=seq_len, eval_stride=stride)
     # a model with loss 1 per scored token: val_loss = 1 exactly, and val_bpb = tokens / (bytes * ln 2)
     counter = PositionCounter()
-    loss, bpb = tg.evaluate(counter, val_tokens, luts, hp, cpu_layout(), sliding=True)
-    plain_loss, plain_bpb = tg.evaluate(PositionCounter(), val_tokens, luts, hp, cpu_layout())
+    loss, bpb = tg.evaluate(counter, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
+    plain_loss, plain_bpb = tg.evaluate(PositionCounter(), val_tokens, val_bytes, hp, cpu_layout())
     assert loss == 1.0 and plain_loss == 1.0
     assert bpb == pytest.approx(plain_bpb, rel=1e-12), "same tokens and bytes as the plain eval"
     assert len({c.shape for c in counter.calls}) == 1, "one batch shape: a compiled model sees one eval graph"
@@ -83,12 +83,12 @@ def test_sliding_scores_every_token_once(tiny_data, val_setup, seq_len, stride):
 
 
 def test_sliding_gives_each_token_more_context(tiny_data, val_setup):
-    luts, val_tokens = val_setup
+    val_bytes, val_tokens = val_setup
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=4)
     model = random_model(hp)
     # rank split: two ranks' sums equal one rank's (each evaluates its share; no process group needed)
-    full = tg.evaluate(model, val_tokens, luts, hp, cpu_layout(), sliding=True)
-    assert full != tg.evaluate(model, val_tokens, luts, hp, cpu_layout())
+    full = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
+    assert full != tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout())
 
 
 # ---- low-bit export ----

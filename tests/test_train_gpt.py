@@ -146,7 +146,7 @@ def test_muon_step_matches_reference(dtype, atol):
 def test_shard_round_trip(tmp_path):
     tokens = torch.randint(0, 65536, (5000,), dtype=torch.int64)
     write_datafile(tmp_path / "s.bin", tokens.tolist())
-    assert torch.equal(tg.load_data_shard(tmp_path / "s.bin").long(), tokens)
+    assert torch.equal(torch.from_numpy(tg.shard_tokens(tmp_path / "s.bin").astype("int64")), tokens)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -168,17 +168,18 @@ def test_malformed_shard_errors(tmp_path, damage, message):
     else:
         raw = raw[:100]
     path.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=message) as err:
-        tg.load_data_shard(path)
+    with pytest.raises(tg.ConfigError, match=message) as err:
+        tg.shard_tokens(path)
     assert str(path) in str(err.value)
 
 
 def test_ranks_take_disjoint_contiguous_spans(tmp_path):
     # three small shards, so the spans cross shard boundaries and the stream wraps around
     stream = torch.arange(700) % 65536
-    for i, part in enumerate(stream.split([250, 200, 250])):
+    for i, part in enumerate(stream.split([250, 0, 200, 250])):  # an empty shard is skipped
         write_datafile(tmp_path / f"fineweb_train_{i:06d}.bin", part.tolist())
     pattern = str(tmp_path / "fineweb_train_*.bin")
+    assert torch.equal(tg.TokenStream(pattern).take(1500).long(), torch.cat([stream] * 3)[:1500])
     world_size, local_tokens = 2, 63
     loaders = [tg.DistributedTokenLoader(pattern, r, world_size, torch.device("cpu")) for r in range(world_size)]
     single = tg.TokenStream(pattern)
@@ -223,16 +224,16 @@ def test_muon_momentum_warmup():
 # ---- val_bpb byte accounting ----
 
 
-def stream_bytes(tokens: torch.Tensor, luts: tg.ByteLuts) -> int:
-    return int(tg.count_target_bytes(tokens[:-1], tokens[1:], luts).sum())
+def stream_bytes(tokens: torch.Tensor, tok: tg.Tokenizer) -> int:
+    return int(tg.token_bytes(tokens, tok).sum())
 
 
 def test_sentencepiece_bytes_equal_decoded_text(tiny_data):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(tiny_data.tokenizer_path))
-    luts = tg.load_tokenizer_luts(tiny_data.tokenizer_path, tiny_data.vocab_size)
-    tokens = tg.load_data_shard(tiny_data.data_path / "fineweb_val_000000.bin").long()
+    luts = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
+    tokens = torch.from_numpy(tg.shard_tokens(tiny_data.data_path / "fineweb_val_000000.bin").astype("int64"))
     docs = [sp.encode(doc) for doc in tiny_data.val_docs]
     assert any(sp.is_byte(t) for t in docs[-1]), "the last document must exercise byte fallback"
     decoded_bytes = sum(len(sp.decode(ids).encode("utf-8")) for ids in docs)
@@ -242,7 +243,7 @@ def test_sentencepiece_bytes_equal_decoded_text(tiny_data):
 def test_byte_tokenizer_bytes_equal_text(tmp_path):
     spec = {"kind": "byte", "vocab_size": 260, "byte_offset": 4, "pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
     (tmp_path / "byte260.json").write_text(json.dumps(spec))
-    luts = tg.load_tokenizer_luts(tmp_path / "byte260.json", 260)
+    luts = tg.load_tokenizer(tmp_path / "byte260.json", 260)
     docs = ["Plain ASCII.", " leading space, ünïcödé, 東京 🚀", ""]
     tokens = torch.tensor([t for d in docs for t in [1] + [b + 4 for b in d.encode("utf-8")]])
     assert stream_bytes(tokens, luts) == sum(len(d.encode("utf-8")) for d in docs)
@@ -250,7 +251,7 @@ def test_byte_tokenizer_bytes_equal_text(tmp_path):
 
 def test_vocab_mismatch_is_named(tiny_data):
     with pytest.raises(tg.ConfigError, match=rf"VOCAB_SIZE=1024 .* has {tiny_data.vocab_size} ids"):
-        tg.load_tokenizer_luts(tiny_data.tokenizer_path, 1024)
+        tg.load_tokenizer(tiny_data.tokenizer_path, 1024)
 
 
 # ---- export ----
@@ -331,9 +332,8 @@ def test_validation_split_shorter_than_a_sequence(tiny_data, tmp_path):
     data.mkdir()
     (data / "fineweb_train_000000.bin").write_bytes((tiny_data.data_path / "fineweb_train_000000.bin").read_bytes())
     write_datafile(data / "fineweb_val_000000.bin", [1, 5, 6, 7])
-    hp, _ = tg.setup(tiny_data.env(DATA_PATH=data))
-    with pytest.raises(tg.ConfigError, match=r"validation split .* holds 4 tokens, fewer than one sequence"):
-        tg.load_validation_tokens(str(data / "fineweb_val_*.bin"), hp.train_seq_len)
+    with pytest.raises(tg.ConfigError, match=r"validation split .* holds 4 tokens .*, not one sequence"):
+        tg.setup(tiny_data.env(DATA_PATH=data))
 
 
 def test_cli_reports_config_error_without_traceback(tiny_data, tmp_path):
