@@ -322,8 +322,6 @@ class Muon(torch.optim.Optimizer):
         world_size, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
         for group in self.param_groups:
             params = group["params"]
-            if not params:
-                continue
             updates = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=self.update_dtype)
             offset = 0
             for i, p in enumerate(params):
@@ -459,7 +457,7 @@ class Tokenizer:
 def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
     path = Path(tokenizer_path)
     if not path.is_file():
-        raise ConfigError(f"TOKENIZER_PATH={tokenizer_path} does not exist. {DATA_HINT}")
+        raise ConfigError(f"TOKENIZER_PATH={tokenizer_path} is not a file. {DATA_HINT}")
     try:
         if path.suffix == ".json":  # the byte tokenizer: ids offset..offset+255 are the bytes, the rest control ids
             spec = json.loads(path.read_text())
@@ -490,57 +488,60 @@ def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
         return torch.tensor([value(kind, piece) for kind, piece in zip(kinds, pieces)])
     byte_ids = {piece: i for i, (kind, piece) in enumerate(zip(kinds, pieces)) if kind == "byte"}
     space_bytes = [byte_ids.get(f"<0x{b:02X}>") for b in SPACE.encode("utf-8")]
+    if None in space_bytes or ("text", SPACE) in zip(kinds, pieces):
+        space_bytes = []  # then a space symbol is never written as bytes
     return Tokenizer(encode, decode, per_id(lambda k, p: len(p.encode("utf-8")) - 2 * p.count(SPACE) if k == "text"
                                             else {"byte": 1, "unknown": -1}.get(k, 0)),
                      per_id(lambda k, p: k == "text" and p.startswith(SPACE)),
                      per_id(lambda k, p: k == "text" and p.endswith(SPACE)), per_id(lambda k, p: k == "control"),
-                     space_bytes if None not in space_bytes else [], {SPACE + "a": "start", "a" + SPACE: "end"}.get(added, ""))
+                     space_bytes, {SPACE + "a": "start", "a" + SPACE: "end"}.get(added, ""))
 
 def token_bytes(tokens: Tensor, tok: Tokenizer) -> Tensor:
     """Bytes of text behind each position of a token stream: the id's, but a space symbol written as its 3
     UTF-8 bytes is 1 byte, and the space the tokenizer adds to each document (the decoder may keep it) 0."""
     ids = tokens.long()
-    n = tok.piece_bytes[ids]
-    starts, ends = torch.ones_like(ids, dtype=torch.bool), torch.ones_like(ids, dtype=torch.bool)
-    starts[1:], ends[:-1] = tok.no_text[ids[:-1]], tok.no_text[ids[1:]]
-    first, last = tok.leading_space[ids] & starts, tok.trailing_space[ids] & ends
+    n, control = tok.piece_bytes[ids], tok.no_text[ids]
+    starts, ends = torch.ones_like(control), torch.ones_like(control)
+    starts[1:], ends[:-1] = control[:-1], control[1:]
+    spaced = torch.zeros_like(control)  # the last of the bytes E2 96 81
     if tok.space_bytes:
         e2, x96, x81 = tok.space_bytes
-        spaced = torch.zeros_like(starts)  # the last of the bytes E2 96 81
         spaced[2:] = (ids[:-2] == e2) & (ids[1:-1] == x96) & (ids[2:] == x81)
         n[:-2] -= spaced[2:].long()
         n[1:-1] -= spaced[2:].long()
-        first[2:] |= spaced[2:] & starts[:-2]
-        last |= spaced & ends
-    return n - {"start": first, "end": last}.get(tok.dummy_space, torch.zeros_like(first)).long()
+    if tok.dummy_space == "start":
+        n -= (tok.leading_space[ids] & starts).long()
+        n[2:] -= (spaced[2:] & starts[:-2]).long()
+    elif tok.dummy_space == "end":
+        n -= ((tok.trailing_space[ids] | spaced) & ends).long()
+    return n
 
-def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str) -> None:
+def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str, share=(0, 1)) -> None:
     """Refuse, naming the document, unless each one's counted bytes equal the UTF-8 bytes it decodes to
     (space symbols as spaces; undone: the decoder keeps an added space that bytes or a suffix wrote, and
-    in suffix mode drops a real leading space)."""
+    in suffix mode drops a real leading space). share=(rank, world size): this rank's part of the documents."""
     if (counted < 0).any():
-        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could not write, so its bytes are unknown "
-                          "and val_bpb cannot be exact; use a tokenizer trained with byte_fallback=True")
-    starts = [-1] * (not tok.no_text[tokens[0]]) + tok.no_text[tokens.long()].nonzero().flatten().tolist()
-    starts.append(tokens.numel())
-    sums = torch.cat([torch.zeros(1, dtype=torch.int64), counted.cumsum(0)])
-    for doc, (a, b) in enumerate(zip(starts, starts[1:])):
-        text = tok.decode(tokens[a + 1:b].tolist())
+        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could not "
+                          "write, so its bytes are unknown; use a tokenizer trained with byte_fallback=True")
+    ids, sums = tokens.numpy(), np.concatenate(([0], counted.numpy().cumsum()))
+    starts = [-1] * (not tok.no_text[tokens[0]]) + tok.no_text[tokens.long()].nonzero().flatten().tolist() + [len(ids)]
+    for doc, (a, b) in list(enumerate(zip(starts, starts[1:])))[share[0]::share[1]]:
+        text = tok.decode(ids[a + 1:b].tolist())
         expected = len(text.replace(SPACE, " ").encode("utf-8"))
         expected -= bool(text) and ((tok.dummy_space == "start" and text[0] == SPACE) or
                                     (tok.dummy_space == "end" and text[-1] in (SPACE, " ")))
-        expected += tok.dummy_space == "end" and b > a + 1 and bool(tok.leading_space[tokens[a + 1]])
-        if int(sums[b] - sums[a + 1]) != expected:
+        expected += tok.dummy_space == "end" and b > a + 1 and bool(tok.leading_space[ids[a + 1]])
+        if sums[b] - sums[a + 1] != expected:
             raise ConfigError(f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes to {expected} "
-                              f"bytes but the byte tables count {int(sums[b] - sums[a + 1])}; this tokenizer writes text "
+                              f"bytes but the byte tables count {sums[b] - sums[a + 1]}; this tokenizer writes text "
                               "in a way val_bpb cannot count exactly: please report it with the tokenizer")
 
-def load_validation(pattern: str, seq_len: int, tok: Tokenizer) -> tuple[Tensor, Tensor]:
+def load_validation(pattern: str, seq_len: int, tok: Tokenizer, share=(0, 1)) -> tuple[Tensor, Tensor]:
     """The validation tokens and the bytes behind each, checked, cut to whole sequences of seq_len targets."""
     shards = [shard_tokens(f) for f in shard_files(pattern, "validation", len(tok.piece_bytes))]
     tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
     counted = token_bytes(tokens, tok)
-    check_token_bytes(tokens, counted, tok, f"DATA_PATH={Path(pattern).parent} validation split")
+    check_token_bytes(tokens, counted, tok, f"DATA_PATH={Path(pattern).parent} validation split", share)
     usable = ((tokens.numel() - 1) // seq_len) * seq_len
     if usable <= 0 or not counted[1:usable + 1].any():
         raise ConfigError(f"DATA_PATH: the validation split {pattern} holds {tokens.numel()} tokens ({int(counted.sum())} "
@@ -1080,9 +1081,8 @@ def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, 
 @torch.no_grad()
 def sample(model: GPT, tok: Tokenizer, hp: Hyperparameters, layout: Layout, log, new_tokens: int = 32) -> list[str]:
     """Greedy continuations of fixed prompts, logged, so a user sees what the model learned."""
-    was_training = model.training
+    was_training, texts = model.training, []
     model.eval()
-    texts = []
     for prompt in SAMPLE_PROMPTS:
         ids = [BOS_ID] + tok.encode(prompt)
         for _ in range(new_tokens):
@@ -1246,7 +1246,8 @@ def setup(environ=None) -> Run:
         raise ConfigError(f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size)
-    val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len, tokenizer)
+    val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len, tokenizer,
+                          (rank, world_size))  # each rank decodes its share of the documents
     meta = resolve_resume(hp)
     log_path = Path(hp.log_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists():

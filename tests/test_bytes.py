@@ -90,3 +90,20 @@ def test_unknown_tokens_are_refused(tmp_path, corpus):
     assert (tok.piece_bytes[tokens] < 0).any(), "CJK and emoji are not in this vocabulary"
     with pytest.raises(tg.ConfigError, match=r"test: token \d+ is <unk>.*byte_fallback=True"):
         tg.check_token_bytes(tokens, tg.token_bytes(tokens, tok), tok, "test")
+
+
+def test_ranks_share_the_documents(tmp_path, corpus):
+    """Each of 3 ranks decodes every third document; together they check them all, and each miscount is
+    found by the rank that owns its document."""
+    tok = train_tokenizer(tmp_path / "tok", corpus)
+    docs = [corpus[0][i:i + 300].strip() for i in range(0, 3000, 300)]
+    tokens = stream(tok, docs)
+    counted = tg.token_bytes(tokens, tok)
+    bos = (tokens == tg.BOS_ID).nonzero().flatten()
+    counted[bos[4] + 1] += 1  # document 4 miscounted
+    for rank in range(3):
+        if rank == 4 % 3:
+            with pytest.raises(tg.ConfigError, match="document 4 "):
+                tg.check_token_bytes(tokens, counted, tok, "test", (rank, 3))
+        else:
+            tg.check_token_bytes(tokens, counted, tok, "test", (rank, 3))

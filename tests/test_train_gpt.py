@@ -313,7 +313,7 @@ def test_artifact_loader_refuses_pickled_code(tmp_path):
     (dict(WORLD_SIZE="3"), r"world size 3 does not divide 8"),
     (dict(VOCAB_SIZE="1024"), r"VOCAB_SIZE=1024 does not match"),
     (dict(DATA_PATH="/nonexistent/sp1024"), r"DATA_PATH=/nonexistent/sp1024 is not a directory.*build_sotu"),
-    (dict(TOKENIZER_PATH="/nonexistent/tok.model"), r"TOKENIZER_PATH=/nonexistent/tok.model does not exist"),
+    (dict(TOKENIZER_PATH="/nonexistent/tok.model"), r"TOKENIZER_PATH=/nonexistent/tok.model is not a file"),
     (dict(VAL_BATCH_SIZE="64"), r"VAL_BATCH_SIZE=64 gives each rank less than one sequence"),
     (dict(COMPILE="maybe"), r"COMPILE=.maybe. must be one of auto, 0, 1"),
     (dict(NUM_LAYERS="1"), r"NUM_LAYERS=1: the U-Net pairs"),

