@@ -425,3 +425,25 @@ def test_readme_documents_every_setting():
 def test_misspelled_settings_are_flagged():
     typos = tg.misspelled_settings({"NUM_LAYER": "11", "PATH": "/bin", "MATRIX_LR": "0.1", "HOME": "/root"})
     assert typos == ["NUM_LAYER (did you mean NUM_LAYERS?)"]
+
+
+def test_compiled_graphs_do_not_grow_with_steps(tiny_data, tmp_path):
+    """torch.compile recompiles nothing inside training: with validation, depth recurrence and late QAT
+    switching on, and a sliding final eval, a run of 16 steps compiles exactly as many graphs as one of
+    8 at every stage. Dynamo's guards decide recompiles whatever the backend, so the cheap "eager"
+    backend stands in for inductor."""
+    driver = ("import functools, runpy, sys, torch; "
+              "torch.compile = functools.partial(torch.compile, backend='eager'); "
+              f"runpy.run_path({str(ROOT / 'train_gpt.py')!r}, run_name='__main__')")
+    counts = []
+    for steps in (8, 16):
+        env = tiny_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3, VAL_LOSS_EVERY=4, COMPILE=1,
+                            NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, LOOP_REPEATS=1, LOOP_START_FRAC=0.25,
+                            QAT_START_FRAC=0.5, QUANT_BITS=6, EVAL_STRIDE=32)
+        out = subprocess.run([sys.executable, "-c", driver], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.count("phase: from step:") == 2
+        counts.append(re.findall(r"^compile: (\d+) graphs", out.stdout, flags=re.M))
+    assert len(counts[0]) == 3 and counts[0] == counts[1], counts
+    assert counts[0][1] == counts[0][2], "the final evaluations reuse the graphs validation compiled"
