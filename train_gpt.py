@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import glob
 import hashlib
+import importlib.util
 import io
 import json
 import lzma
@@ -181,6 +182,9 @@ class Hyperparameters:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.upper()}={getattr(self, name)!r} must be one of {', '.join(map(str, allowed))}")
+        package = COMPRESSOR_PACKAGES.get(self.compressor)
+        if package and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"COMPRESSOR={self.compressor} needs the {package} package: pip install {package}")
         if self.eval_stride > (self.eval_seq_len or self.train_seq_len):
             raise ConfigError(f"EVAL_STRIDE={self.eval_stride} is longer than the eval window "
                               f"{self.eval_seq_len or self.train_seq_len}; use a stride of at most EVAL_SEQ_LEN")
@@ -359,9 +363,10 @@ BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
     """One token shard, memory-mapped: 256 little-endian int32 header, then uint16 tokens. Every
     header field and the exact file size are checked, and with vocab_size every token id."""
-    path = Path(path)
+    path, fix = Path(path), "rebuild or re-download this shard (see data/README.md)"
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a readable file; {fix}")
     size = path.stat().st_size
-    fix = "rebuild or re-download this shard (see data/README.md)"
     if size < SHARD_HEADER_BYTES:
         raise ConfigError(f"{path}: {size} bytes is shorter than the {SHARD_HEADER_BYTES}-byte shard header; {fix}")
     header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
@@ -383,12 +388,13 @@ def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
                           "was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to the ones that made it")
     return tokens
 
-def shard_files(pattern: str, what: str, vocab_size: int | None = None) -> list[str]:
-    """The shards matching pattern, each checked (with vocab_size, down to every token id)."""
+def shard_files(pattern: str, what: str, vocab_size: int | None = None, share=(0, 1)) -> list[str]:
+    """The shards matching pattern, each checked; with vocab_size, every token id of this rank's share
+    (rank, world size) of them."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise ConfigError(f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
-    if sum(len(shard_tokens(f, vocab_size)) for f in files) == 0:
+    if sum(len(shard_tokens(f, vocab_size if i % share[1] == share[0] else None)) for i, f in enumerate(files)) == 0:
         raise ConfigError(f"DATA_PATH: the {what} shards matching {pattern} hold no tokens; rebuild the data")
     return files
 
@@ -405,7 +411,7 @@ class TokenStream:
             shard = self.shards[self.file_index]
             chunks.append(shard[self.pos:self.pos + n])
             self.pos, n = self.pos + len(chunks[-1]), n - len(chunks[-1])
-            if self.pos == len(shard):
+            if self.pos >= len(shard):
                 self.file_index, self.pos = (self.file_index + 1) % len(self.shards), 0
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
 
@@ -475,13 +481,13 @@ def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
             kinds = ["control" if sp.is_control(i) else "byte" if sp.is_byte(i) else "unknown" if sp.is_unknown(i)
                      else "text" for i in range(len(pieces))]
             encode, decode, added = sp.encode, sp.decode, sp.normalize("a")  # "\u2581a": a space added in front
-    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"TOKENIZER_PATH={tokenizer_path} cannot be read as a tokenizer ({type(e).__name__}: {e}); "
                           f"it must be a SentencePiece .model or a byte tokenizer .json. {DATA_HINT}") from None
     if len(pieces) != vocab_size:
         raise ConfigError(f"VOCAB_SIZE={vocab_size} does not match TOKENIZER_PATH={tokenizer_path}, which has "
                           f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
-    if kinds[BOS_ID] != "control":
+    if kinds[BOS_ID:BOS_ID + 1] != ["control"]:
         raise ConfigError(f"TOKENIZER_PATH={tokenizer_path}: id {BOS_ID}, which starts every document in the shards, "
                           "is not a control id (BOS); train the tokenizer with bos_id=1")
     def per_id(value) -> Tensor:
@@ -542,12 +548,12 @@ def load_validation(pattern: str, seq_len: int, tok: Tokenizer, share=(0, 1)) ->
     tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
     counted = token_bytes(tokens, tok)
     check_token_bytes(tokens, counted, tok, f"DATA_PATH={Path(pattern).parent} validation split", share)
-    usable = ((tokens.numel() - 1) // seq_len) * seq_len
+    usable = ((tokens.numel() - 1) // seq_len) * seq_len  # seq_len: the longer of the train and eval windows
     if usable <= 0 or not counted[1:usable + 1].any():
         raise ConfigError(f"DATA_PATH: the validation split {pattern} holds {tokens.numel()} tokens ({int(counted.sum())} "
-                          f"bytes of text), not one sequence of TRAIN_SEQ_LEN={seq_len} + 1 targets with text; lower "
-                          "TRAIN_SEQ_LEN or build more validation data")
-    return tokens[:usable + 1], counted[:usable + 1]
+                          f"bytes of text), not one window of {seq_len} + 1 with text; lower TRAIN_SEQ_LEN/EVAL_SEQ_LEN "
+                          "or build more validation data")
+    return tokens[:usable + 1], counted[:usable + 1].to(torch.int16)
 
 
 # ---- MODEL ----
@@ -762,8 +768,6 @@ def evaluate(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperp
     seq_len = (hp.eval_seq_len or hp.train_seq_len) if sliding else hp.train_seq_len
     stride = (hp.eval_stride or seq_len) if sliding else seq_len
     num_targets = val_tokens.numel() - 1
-    if num_targets < seq_len:
-        raise ConfigError(f"EVAL_SEQ_LEN={seq_len} is longer than the validation split ({num_targets} targets)")
     ends = list(range(seq_len, num_targets, stride)) + [num_targets]  # window k scores targets ends[k-1]..ends[k]
     scored = torch.tensor([ends[0]] + [b - a for a, b in zip(ends, ends[1:])], device=layout.device)
     first = len(ends) * layout.rank // layout.world_size
@@ -808,14 +812,19 @@ def autocast(layout: Layout):
 # Tensors up to this size stay in float. Every matrix of the 9x512 default is far larger; at width
 # 256 the attention matrices (32k-65k) must be quantized too, or they dominate the artifact.
 KEEP_FLOAT_MAX_NUMEL = 16_384
-QUANT_BITS_CHOICES = (4, 5, 6, 8)
+QUANT_BITS_CHOICES = (4, 5, 6, 7, 8)
 # Each row's clip is the fraction of its max |w| below with the least reconstruction error: at low
 # widths, clipping a few outliers buys finer steps for everything else (GPTQ-lite clip search).
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
-COMPRESSORS = {
-    "zlib": (lambda raw: zlib.compress(raw, level=9), zlib.decompress),
-    "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress),
+COMPRESSORS = {  # name: (compress, decompress, the leading bytes by which the reader recognizes it)
+    "zlib": (lambda raw: zlib.compress(raw, level=9), zlib.decompress, b"\x78"),
+    "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress, b"\xfd7zXZ"),
+    "zstd": (lambda raw: importlib.import_module("zstandard").ZstdCompressor(level=22).compress(raw),
+             lambda blob: importlib.import_module("zstandard").ZstdDecompressor().decompress(blob), b"\x28\xb5\x2f\xfd"),
+    "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),  # no magic: a tag
+               lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
 }
+COMPRESSOR_PACKAGES = {"zstd": "zstandard", "brotli": "brotli"}
 
 def is_quantized(tensor: Tensor) -> bool:
     return tensor.is_floating_point() and tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
@@ -845,21 +854,11 @@ def fake_quantize(w: Tensor, bits: int) -> Tensor:
     q, scale = quantize_rows(w.detach(), bits)
     return w + (q * scale[:, None] - w).detach()
 
-def pack_bits(q: Tensor, bits: int) -> Tensor:
-    """Integers in [-(2^(b-1)-1), 2^(b-1)-1] -> a dense little-endian bitstream of `bits` per value."""
-    unsigned = (q.flatten().to(torch.int16) + 2 ** (bits - 1) - 1).to(torch.uint8).numpy()
-    planes = np.unpackbits(unsigned[:, None], axis=1, bitorder="little")[:, :bits]  # (N, bits)
-    return torch.from_numpy(np.packbits(planes.reshape(-1), bitorder="little"))
-
-def unpack_bits(packed: Tensor, bits: int, numel: int) -> Tensor:
-    planes = np.unpackbits(packed.numpy(), bitorder="little")[:numel * bits].reshape(numel, bits)
-    unsigned = np.packbits(planes, axis=1, bitorder="little")[:, 0]  # pads each row back to 8 bits
-    return torch.from_numpy(unsigned.astype(np.int16) - (2 ** (bits - 1) - 1))
-
 def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int) -> dict:
-    """Large float matrices -> bit-packed per-row integers with fp16 scales; small tensors -> fp16,
-    but control tensors (gains, mixes) stay fp32 since they are few and sensitive."""
-    packed, scales, floats, dtypes, shapes, widths = {}, {}, {}, {}, {}, {}
+    """Large float matrices -> per-row integers, one byte each (packing the bits hides their distribution
+    from the compressor: README, "Compressors"), with fp16 scales; small tensors -> fp16, but control
+    tensors (gains, mixes) stay fp32 since they are few and sensitive."""
+    ints, scales, floats, dtypes = {}, {}, {}, {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach().cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
@@ -869,21 +868,15 @@ def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: in
             keep_fp32 = any(key in name for key in CONTROL_PARAM_NAMES)
             floats[name] = tensor.float() if keep_fp32 else tensor.half()
         else:
-            widths[name] = embed_bits if name == "tok_emb.weight" else bits
-            q, scale = quantize_rows(tensor.float(), widths[name])
-            packed[name], scales[name], shapes[name] = pack_bits(q, widths[name]), scale.half(), list(tensor.shape)
-    return {"format": "packed_rows_v1", "packed": packed, "scales": scales, "shapes": shapes, "bits": widths,
-            "floats": floats, "dtypes": dtypes}
+            q, scale = quantize_rows(tensor.float(), embed_bits if name == "tok_emb.weight" else bits)
+            ints[name], scales[name] = q.to(torch.int8), scale.half()
+    return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
     out = {}
     for name, dtype in obj["dtypes"].items():
-        if name in obj["packed"]:
-            rows, cols = obj["shapes"][name]
-            q = unpack_bits(obj["packed"][name], obj["bits"][name], rows * cols).view(rows, cols)
-            tensor = q.float() * obj["scales"][name].float()[:, None]
-        else:
-            tensor = obj["floats"][name]
+        ints = obj["ints"].get(name)
+        tensor = obj["floats"][name] if ints is None else ints.float() * obj["scales"][name].float()[:, None]
         out[name] = tensor.to(getattr(torch, dtype))
     return out
 
@@ -897,11 +890,13 @@ def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters
     return blob
 
 def load_artifact(path) -> dict[str, Tensor]:
-    """Read an artifact back without executing pickled code (weights_only). The compressor is
-    recognized by its magic bytes."""
+    """Read an artifact back without executing pickled code (weights_only); the compressor is
+    recognized by the artifact's leading bytes."""
     blob = Path(path).read_bytes()
-    raw = lzma.decompress(blob) if blob.startswith(b"\xfd7zXZ") else zlib.decompress(blob)
-    return dequantize_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
+    decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
+    if decompress is None:
+        raise ConfigError(f"{path}: its first bytes {blob[:6]!r} are those of no COMPRESSOR ({', '.join(COMPRESSORS)})")
+    return dequantize_state_dict(torch.load(io.BytesIO(decompress(blob)), map_location="cpu", weights_only=True))
 
 
 # ---- LOGGING ----
@@ -1009,8 +1004,12 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
     try:  # the tensors are mapped, not read: this finds a damaged file, not a flipped bit
         meta = json.loads((folder / "meta.json").read_text())
         shape = {name: meta["hyperparameters"].get(name, defaults[name]) for name in MODEL_SHAPE_SETTINGS}
-        for path in [folder / "state.pt", *folder.glob("muon_rank*.pt")]:
+        for path in [folder / "state.pt", *(folder / f"muon_rank{r}.pt" for r in range(meta["world_size"]))]:
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        (index, pos), shards = meta["loader"], sorted(glob.glob(os.path.join(hp.data_path, "fineweb_train_*.bin")))
+        meta["run_id"], meta["source_sha256"]  # noqa: B018 (read later: they must be there)
+        if not (0 <= index < len(shards) and 0 <= pos <= len(shard_tokens(shards[index]))):
+            raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
     except Exception as e:
         raise ConfigError(f"RESUME={folder}: the checkpoint is damaged ({type(e).__name__}: {e}); resume an earlier "
                           "one") from None
@@ -1234,9 +1233,9 @@ def setup(environ=None) -> Run:
     world_size = int(environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(environ.get("RANK", "0")), int(environ.get("LOCAL_RANK", "0"))
     accum = resolve_grad_accum(hp, world_size)
-    if hp.run_id and (Path(hp.run_id).name != hp.run_id or hp.run_id.startswith(".")):
+    if hp.run_id and (Path(hp.run_id).name != hp.run_id or hp.run_id.startswith(".") or len(hp.run_id) > 200):
         raise ConfigError(f"RUN_ID={hp.run_id!r} names files in LOG_DIR and CHECKPOINT_DIR, so it must be a plain "
-                          "name: no '/', not starting with '.'")
+                          "name: no '/', not starting with '.', at most 200 characters")
     for name in ("log_dir", "checkpoint_dir"):
         folder = Path(getattr(hp, name))
         existing = next(p for p in (folder, *folder.parents) if p.exists())
@@ -1245,9 +1244,9 @@ def setup(environ=None) -> Run:
     if not Path(hp.data_path).is_dir():
         raise ConfigError(f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size)
-    val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), hp.train_seq_len, tokenizer,
-                          (rank, world_size))  # each rank decodes its share of the documents
+    shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size, (rank, world_size))
+    val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), max(hp.train_seq_len, hp.eval_seq_len),
+                          tokenizer, (rank, world_size))  # each rank decodes its share of the documents
     meta = resolve_resume(hp)
     log_path = Path(hp.log_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists():
@@ -1354,7 +1353,8 @@ def export_and_score(run: Run, state: LoopState, source: bytes) -> None:
 
 def main() -> None:
     run = setup()
-    hp, layout, device, val_tokens, val_bytes = run.hp, run.layout, run.layout.device, run.val_tokens, run.val_bytes
+    hp, layout, device, val_tokens = run.hp, run.layout, run.layout.device, run.val_tokens
+    val_bytes = run.val_bytes = run.val_bytes.to(device)  # on the device: no blocking copy per eval batch
     source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     log = run.log = init_runtime(hp, layout, source)
     torch.manual_seed(hp.seed)

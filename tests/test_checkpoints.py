@@ -71,7 +71,8 @@ def test_resume_on_two_processes(straight_run, tiny_data, tmp_path):
 def tiny_training(tiny_data, tmp_path, **overrides):
     hp = tg.Hyperparameters(**{**dict(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=32, num_heads=4,
                                       num_kv_heads=2, train_seq_len=16, run_id="unit",
-                                      checkpoint_dir=str(tmp_path / "ckpt")), **overrides})
+                                      checkpoint_dir=str(tmp_path / "ckpt"), data_path=str(tiny_data.data_path)),
+                                 **overrides})
     layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
     model = tg.GPT(hp)
     optimizers, muon = tg.build_optimizers(model, hp, layout)
@@ -109,7 +110,7 @@ def test_checkpoint_of_another_model_is_refused(tiny_data, tmp_path):
     hp, layout, model, (adam, muon), _, loader = tiny_training(tiny_data, tmp_path)
     folder = tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=3), loader, "sha")
     other = tg.Hyperparameters(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=64, num_heads=4,
-                               num_kv_heads=2, resume=str(folder))
+                               num_kv_heads=2, resume=str(folder), data_path=str(tiny_data.data_path))
     with pytest.raises(tg.ConfigError, match="the checkpoint has MODEL_DIM=32 but this run has MODEL_DIM=64"):
         tg.resolve_resume(other)
     missing = tg.Hyperparameters(resume=str(tmp_path / "nowhere"))

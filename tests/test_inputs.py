@@ -162,8 +162,32 @@ CASES = {
         r"step_000004: the checkpoint is damaged"),
     "checkpoint of another shape": (lambda ws: then(RESUME=ws / CHECKPOINT, NUM_LAYERS="3"),
                                     r"the checkpoint has NUM_LAYERS=2 but this run has NUM_LAYERS=3; set it to match"),
+    "byte tokenizer json is not an object": (
+        lambda ws: then((ws / "b.json").write_text("[1, 2]"), TOKENIZER_PATH=ws / "b.json", VOCAB_SIZE=260),
+        r"b.json cannot be read as a tokenizer \(AttributeError"),
+    "shard is a broken link": (lambda ws: then(shard(ws).unlink(), shard(ws).symlink_to(ws / "gone.bin")),
+                               r"fineweb_train_000000.bin: not a readable file"),
+    "RUN_ID too long": (lambda ws: then(RUN_ID="r" * 300), r"RUN_ID='r+' .* at most 200 characters"),
+    "EVAL_SEQ_LEN longer than the validation split": (lambda ws: then(EVAL_SEQ_LEN="1000000"),
+                                                      r"not one window of 1000000 \+ 1 with text"),
+    "checkpoint without a Muon file": (
+        lambda ws: then((ws / CHECKPOINT / "muon_rank0.pt").unlink(), RESUME=ws / CHECKPOINT),
+        r"the checkpoint is damaged \(FileNotFoundError"),
+    "checkpoint of other training data": (
+        lambda ws: then(edit_meta(ws, loader=[0, 10 ** 9]), RESUME=ws / CHECKPOINT),
+        r"the checkpoint is damaged \(ValueError: its data position \[0, 1000000000\] is not in DATA_PATH"),
+    "checkpoint meta without its run": (lambda ws: then(edit_meta(ws, run_id=None), RESUME=ws / CHECKPOINT),
+                                        r"the checkpoint is damaged \(KeyError: 'run_id'"),
 }
 CHECKPOINT = "checkpoints/earlier/step_000004"
+
+
+def edit_meta(ws, **changes):
+    """Set (None: remove) fields of the earlier run's checkpoint meta."""
+    path = ws / CHECKPOINT / "meta.json"
+    meta = json.loads(path.read_text())
+    meta.update(changes)
+    path.write_text(json.dumps({key: value for key, value in meta.items() if value is not None}))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -221,7 +221,7 @@ def test_qat_covers_exactly_what_the_export_quantizes():
     hp = all_on_hp(model_dim=192, num_heads=4, num_kv_heads=2, bigram_dim=16, tie_embeddings=False, vocab_size=128)
     model = tg.GPT(hp)
     tg.set_phase(model, looping=False, qat_bits=6)
-    exported = tg.quantize_state_dict(model.state_dict(), 6, 8)["packed"]
+    exported = tg.quantize_state_dict(model.state_dict(), 6, 8)["ints"]
     fake = {name + ".weight" for name, m in model.named_modules() if isinstance(m, tg.CastedLinear) and m.qat_bits}
     assert fake == set(exported) - {"tok_emb.weight", "bigram.weight"}
     assert "lm_head.weight" in fake and "bigram_proj.weight" not in fake  # 16x192 stays fp16 in the export
