@@ -388,21 +388,22 @@ def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
                           "was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to the ones that made it")
     return tokens
 
-def shard_files(pattern: str, what: str, vocab_size: int | None = None, share=(0, 1)) -> list[str]:
-    """The shards matching pattern, each checked; with vocab_size, every token id of this rank's share
-    (rank, world size) of them."""
+def load_shards(pattern: str, what: str, vocab_size: int | None = None, share=(0, 1)) -> list[np.ndarray]:
+    """The shards matching pattern, memory-mapped and checked; with vocab_size, every token id of this
+    rank's share (rank, world size) of them."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise ConfigError(f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
-    if sum(len(shard_tokens(f, vocab_size if i % share[1] == share[0] else None)) for i, f in enumerate(files)) == 0:
+    shards = [shard_tokens(f, vocab_size if i % share[1] == share[0] else None) for i, f in enumerate(files)]
+    if sum(map(len, shards)) == 0:
         raise ConfigError(f"DATA_PATH: the {what} shards matching {pattern} hold no tokens; rebuild the data")
-    return files
+    return shards
 
 class TokenStream:
     """Walks the (memory-mapped) shards in order, wrapping around at the end."""
 
     def __init__(self, pattern: str):
-        self.shards = [shard_tokens(f) for f in shard_files(pattern, "training")]
+        self.shards = load_shards(pattern, "training")
         self.file_index, self.pos = 0, 0
 
     def take(self, n: int) -> Tensor:
@@ -544,8 +545,7 @@ def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str
 
 def load_validation(pattern: str, seq_len: int, tok: Tokenizer, share=(0, 1)) -> tuple[Tensor, Tensor]:
     """The validation tokens and the bytes behind each, checked, cut to whole sequences of seq_len targets."""
-    shards = [shard_tokens(f) for f in shard_files(pattern, "validation", len(tok.piece_bytes))]
-    tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
+    tokens = torch.from_numpy(np.concatenate(load_shards(pattern, "validation", len(tok.piece_bytes))).astype(np.int32))
     counted = token_bytes(tokens, tok)
     check_token_bytes(tokens, counted, tok, f"DATA_PATH={Path(pattern).parent} validation split", share)
     usable = ((tokens.numel() - 1) // seq_len) * seq_len  # seq_len: the longer of the train and eval windows
@@ -1244,7 +1244,7 @@ def setup(environ=None) -> Run:
     if not Path(hp.data_path).is_dir():
         raise ConfigError(f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    shard_files(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size, (rank, world_size))
+    load_shards(os.path.join(hp.data_path, "fineweb_train_*.bin"), "training", hp.vocab_size, (rank, world_size))
     val = load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"), max(hp.train_seq_len, hp.eval_seq_len),
                           tokenizer, (rank, world_size))  # each rank decodes its share of the documents
     meta = resolve_resume(hp)

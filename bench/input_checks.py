@@ -61,7 +61,7 @@ def main() -> None:
         path = Path(folder) / "fineweb_train_000000.bin"
         write_datafile(path, np.resize(stream.astype(np.uint16), args.shard_tokens))
         t0 = time.perf_counter()
-        tg.shard_files(str(path), "training", 1024)
+        tg.load_shards(str(path), "training", 1024)
         print(f"shard check of {args.shard_tokens:,} tokens ({path.stat().st_size / 1e6:.0f} MB, in the page cache): "
               f"{time.perf_counter() - t0:.2f} s")
 
