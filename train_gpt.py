@@ -1,10 +1,9 @@
-"""
-train_gpt.py: a single-file GPT speedrun trainer for the Parameter Golf challenge.
+"""train_gpt.py: a single-file GPT speedrun trainer for the Parameter Golf challenge.
 
-Trains a small GPT (GQA, RoPE, relu^2 MLP, U-Net skips, tied embeddings) with Muon and Adam on
-sharded .bin tokens under a wallclock cap, scores exact tokenizer-agnostic val_bpb, then exports
-int8+zlib weights and scores the round-tripped model again. That artifact plus this file is the
-submission.
+Trains a small GPT (GQA, RoPE, relu^2 MLP, U-Net skips, tied embeddings; the field's levers as settings)
+with Muon and Adam on sharded .bin tokens under a wallclock cap, scores exact tokenizer-agnostic val_bpb,
+exports low-bit compressed weights (round-to-nearest or GPTQ), and scores the round-tripped model again,
+optionally with score-first test-time training. That artifact plus this file is the submission.
 
     8xH100:  torchrun --standalone --nproc_per_node=8 train_gpt.py
     1 GPU:   torchrun --standalone --nproc_per_node=1 train_gpt.py  (8 // world_size micro-steps keep the math)
@@ -48,16 +47,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # ---- HYPERPARAMETERS ----
-
 class ConfigError(ValueError):
     """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
 
-
-DATA_HINT = (
-    "HINT: build the offline corpus with `python data/build_sotu.py` (DATA_PATH=./data/datasets/sotu_sp1024 "
-    "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model), or fetch the challenge's data with "
-    "`python data/download_challenge.py --variant sp1024`"
-)
+DATA_HINT = ("HINT: build the offline corpus with `python data/build_sotu.py` (DATA_PATH=./data/datasets/sotu_sp1024 "
+             "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model), or fetch the challenge's data with "
+             "`python data/download_challenge.py --variant sp1024`")
 
 @dataclass
 class Hyperparameters:
@@ -132,6 +127,19 @@ class Hyperparameters:
     quant_bits: int = 8  # block matrices
     embed_quant_bits: int = 8
     compressor: str = "zlib"
+    gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest with the clip search
+    gptq_calib: str = "train"  # calibration inputs: the next training batches, or "selfgen": the model's own samples
+    gptq_calib_seqs: int = 64  # ... this many sequences of TRAIN_SEQ_LEN
+    gptq_temperature: float = 0.8  # selfgen's sampling temperature
+    gptq_damp: float = 0.01  # H += GPTQ_DAMP * mean(diag H) * I
+    gptq_reserve_seconds: float = 0.0  # taken from MAX_WALLCLOCK_SECONDS for calibration, which uses training data
+    ttt: bool = False  # score-first test-time training on the validation stream after the round trip
+    ttt_chunk_tokens: int = 32_768  # each chunk is scored, then trained on
+    ttt_lr: float = 0.002  # SGD, cosine-decayed over the chunks
+    ttt_momentum: float = 0.9
+    ttt_epochs: int = 1  # steps per chunk, each on the whole chunk
+    ttt_grad_clip: float = 1.0  # 0: off
+    ttt_params: str = "all"  # "all", or "blocks": embeddings and head stay as exported
     # long runs
     save_every: int = 0  # checkpoint every N steps and at the end; 0: only on SIGTERM/SIGINT
     keep_checkpoints: int = 3  # the newest K are kept; 0: all
@@ -143,12 +151,16 @@ class Hyperparameters:
     bf16: str = "auto"
 
     @classmethod
-    def from_env(cls, environ=None) -> "Hyperparameters":
-        environ = os.environ if environ is None else environ
+    def from_env(cls, environ=os.environ) -> "Hyperparameters":
         hp = cls(**{f.name: _parse_env_value(f.name.upper(), environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate()
         return hp
+
+    @property
+    def budget_ms(self) -> float:
+        """Training's wallclock budget: the cap less what GPTQ reserves for calibration; inf: no cap."""
+        return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if self.max_wallclock_seconds else math.inf
 
     @classmethod
     def env_names(cls) -> list[str]:
@@ -163,50 +175,47 @@ class Hyperparameters:
         for f in fields(self):  # no setting is meaningful below 0; for many, 0 turns them off
             if isinstance(getattr(self, f.name), (int, float)) and getattr(self, f.name) < 0:
                 raise ConfigError(f"{f.name.upper()}={getattr(self, f.name)} must be >= 0")
-        if self.num_layers < 2:
-            raise ConfigError(f"NUM_LAYERS={self.num_layers}: the U-Net pairs encoder and decoder blocks; use at least 2")
-        if self.vocab_size > 65_536:
-            raise ConfigError(f"VOCAB_SIZE={self.vocab_size} does not fit the uint16 shards; use at most 65536")
-        if self.model_dim % self.num_heads:
-            raise ConfigError(f"MODEL_DIM={self.model_dim} is not divisible by NUM_HEADS={self.num_heads}; "
-                              f"pick NUM_HEADS among the divisors of {self.model_dim}")
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"NUM_HEADS={self.num_heads} is not divisible by NUM_KV_HEADS={self.num_kv_heads}; "
-                              "each KV head must serve a whole group of query heads")
-        head_dim = self.model_dim // self.num_heads
-        if head_dim % 2:
-            raise ConfigError(f"head dim MODEL_DIM/NUM_HEADS = {self.model_dim}/{self.num_heads} = {head_dim} is odd; "
-                              "RoPE rotates pairs of channels, so choose an even head dim")
+        head_dim, window = self.model_dim // self.num_heads, self.eval_seq_len or self.train_seq_len
         choices = dict(compile=("auto", "0", "1"), bf16=("auto", "0", "1"), quant_bits=QUANT_BITS_CHOICES,
-                       embed_quant_bits=QUANT_BITS_CHOICES, compressor=tuple(COMPRESSORS))
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name.upper()}={getattr(self, name)!r} must be one of {', '.join(map(str, allowed))}")
+                       embed_quant_bits=QUANT_BITS_CHOICES, compressor=tuple(COMPRESSORS),
+                       gptq_calib=("train", "selfgen"), ttt_params=("all", "blocks"))
         package = COMPRESSOR_PACKAGES.get(self.compressor)
-        if package and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"COMPRESSOR={self.compressor} needs the {package} package: pip install {package}")
-        if self.eval_stride > (self.eval_seq_len or self.train_seq_len):
-            raise ConfigError(f"EVAL_STRIDE={self.eval_stride} is longer than the eval window "
-                              f"{self.eval_seq_len or self.train_seq_len}; use a stride of at most EVAL_SEQ_LEN")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ConfigError(f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 turns the EMA off, 0.997 is typical")
-        for name in ("qat_start_frac", "loop_start_frac", "warmdown_frac", "min_lr_scale"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name.upper()}={getattr(self, name)} must be in [0, 1]")
-        if self.rope_dims % 2 or self.rope_dims > head_dim:
-            raise ConfigError(f"ROPE_DIMS={self.rope_dims} must be even and at most the head dim {head_dim}")
-        if self.loop_repeats and not self.loop_start <= self.loop_end < self.num_layers:
-            raise ConfigError(f"LOOP_START={self.loop_start} LOOP_END={self.loop_end}: need 0 <= LOOP_START <= "
-                              f"LOOP_END < NUM_LAYERS={self.num_layers}")
-        if self.parallel_from and self.loop_repeats and self.parallel_from <= self.loop_end:
-            raise ConfigError(f"PARALLEL_FROM={self.parallel_from} must come after the looped layers "
-                              f"(LOOP_END={self.loop_end}), so each block runs in one residual mode")
-        if self.xsa_last_n > self.num_layers or self.parallel_from >= self.num_layers:
-            raise ConfigError(f"XSA_LAST_N={self.xsa_last_n} / PARALLEL_FROM={self.parallel_from} must name layers "
-                              f"among the NUM_LAYERS={self.num_layers}")
-        if self.bigram_buckets == 1 or (self.bigram_buckets and not self.bigram_dim):
-            raise ConfigError(f"BIGRAM_BUCKETS={self.bigram_buckets} BIGRAM_DIM={self.bigram_dim}: use at least 2 "
-                              "buckets (one is kept for 'no previous token') and a positive dim, or 0 buckets")
+        for bad, message in [(getattr(self, name) not in allowed, f"{name.upper()}={getattr(self, name)!r} must be one "
+                              f"of {', '.join(map(str, allowed))}") for name, allowed in choices.items()] + [
+            (self.num_layers < 2, f"NUM_LAYERS={self.num_layers}: the U-Net pairs encoder and decoder blocks; use at least 2"),
+            (self.vocab_size > 65_536, f"VOCAB_SIZE={self.vocab_size} does not fit the uint16 shards; use at most 65536"),
+            (self.model_dim % self.num_heads, f"MODEL_DIM={self.model_dim} is not divisible by NUM_HEADS={self.num_heads}; "
+                                              f"pick NUM_HEADS among the divisors of {self.model_dim}"),
+            (self.num_heads % self.num_kv_heads, f"NUM_HEADS={self.num_heads} is not divisible by NUM_KV_HEADS="
+                                                 f"{self.num_kv_heads}; each KV head must serve a whole group of query heads"),
+            (head_dim % 2, f"head dim MODEL_DIM/NUM_HEADS = {self.model_dim}/{self.num_heads} = {head_dim} is odd; RoPE "
+                           "rotates pairs of channels, so choose an even head dim"),
+            (package and importlib.util.find_spec(package) is None,
+             f"COMPRESSOR={self.compressor} needs the {package} package: pip install {package}"),
+            (self.eval_stride > window, f"EVAL_STRIDE={self.eval_stride} is longer than the eval window {window}; use a "
+                                        "stride of at most EVAL_SEQ_LEN"),
+            (self.max_wallclock_seconds and self.gptq_reserve_seconds >= self.max_wallclock_seconds,
+             f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds} leaves no training time of MAX_WALLCLOCK_SECONDS="
+             f"{self.max_wallclock_seconds}"),
+            (self.ttt and (not self.ttt_chunk_tokens or self.ttt_chunk_tokens % window), f"TTT_CHUNK_TOKENS="
+             f"{self.ttt_chunk_tokens} must be a positive multiple of the eval window {window}: chunks train on whole sequences"),
+            (self.ema_decay >= 1.0, f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 turns the EMA off, 0.997 is typical"),
+            *[(getattr(self, name) > 1.0, f"{name.upper()}={getattr(self, name)} must be in [0, 1]")
+              for name in ("qat_start_frac", "loop_start_frac", "warmdown_frac", "min_lr_scale")],
+            (self.rope_dims % 2 or self.rope_dims > head_dim,
+             f"ROPE_DIMS={self.rope_dims} must be even and at most the head dim {head_dim}"),
+            (self.loop_repeats and not self.loop_start <= self.loop_end < self.num_layers, f"LOOP_START={self.loop_start} "
+             f"LOOP_END={self.loop_end}: need 0 <= LOOP_START <= LOOP_END < NUM_LAYERS={self.num_layers}"),
+            (self.parallel_from and self.loop_repeats and self.parallel_from <= self.loop_end, f"PARALLEL_FROM="
+             f"{self.parallel_from} must come after the looped layers (LOOP_END={self.loop_end}), so each block runs in "
+             "one residual mode"),
+            (self.xsa_last_n > self.num_layers or self.parallel_from >= self.num_layers, f"XSA_LAST_N={self.xsa_last_n} / "
+             f"PARALLEL_FROM={self.parallel_from} must name layers among the NUM_LAYERS={self.num_layers}"),
+            (self.bigram_buckets == 1 or (self.bigram_buckets and not self.bigram_dim), f"BIGRAM_BUCKETS="
+             f"{self.bigram_buckets} BIGRAM_DIM={self.bigram_dim}: use at least 2 buckets (one is kept for 'no previous "
+             "token') and a positive dim, or 0 buckets")]:
+            if bad:
+                raise ConfigError(message)
 
 def _parse_env_value(name: str, raw: str, default):
     text, kind = raw.strip(), type(default)
@@ -248,11 +257,12 @@ def resolve_grad_accum(hp: Hyperparameters, world_size: int) -> int:
     if hp.val_batch_size < per_micro:
         raise ConfigError(f"VAL_BATCH_SIZE={hp.val_batch_size} gives each rank less than one sequence per batch; "
                           f"use at least world_size*grad_accum_steps*TRAIN_SEQ_LEN = {per_micro}")
+    if hp.ttt and hp.ttt_chunk_tokens % (world_size * (hp.eval_seq_len or hp.train_seq_len)):
+        raise ConfigError(f"TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} must split into as many eval windows of "
+                          f"{hp.eval_seq_len or hp.train_seq_len} tokens on each of the {world_size} ranks")
     return accum
 
-
 # ---- DEVICE ----
-
 def pick_device(local_rank: int) -> torch.device:
     """The one place that chooses hardware: CUDA, then Apple MPS, then CPU."""
     if torch.cuda.is_available():
@@ -270,19 +280,14 @@ def synchronize(device: torch.device) -> None:
 def resolve_mode(setting: str, device: torch.device) -> bool:
     return setting == "1" if setting != "auto" else device.type == "cuda"
 
-
 # Dense bf16 peak per GPU, for MFU. Unknown GPUs get no MFU field rather than a made-up one.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
-
 # ---- MUON OPTIMIZER ----
-
 # One (a, b, c) per Newton-Schulz iteration, the last repeated. The fixed quintic trades exactness for
 # speed: singular values land in roughly [0.7, 1.2], which Muon tolerates (Keller Jordan, modded-nanogpt).
 # Polar Express (Amsel et al. 2025) picks each iteration's coefficients to shrink the band fastest.
@@ -292,26 +297,21 @@ POLAR_EXPRESS_COEFFS = ((8.1566, -22.4833, 15.8788), (4.0429, -2.8089, 0.5000), 
 
 def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.bfloat16,
                                 coeffs=QUINTIC_COEFFS) -> Tensor:
-    """Approximately orthogonalize G (push its singular values towards 1) with quintic
-    Newton-Schulz iterations X <- aX + (bA + cA^2)X, A = XX^T, in bf16 by default."""
+    """Approximately orthogonalize G (singular values towards 1): X <- aX + (bA + cA^2)X, A = XX^T, in bf16."""
     X = G.to(dtype)
-    X = X / (X.norm() + eps)
-    transposed = X.size(0) > X.size(1)
-    if transposed:  # iterate on the wide orientation: X @ X.T is the smaller Gram matrix
-        X = X.T
+    transposed = X.size(0) > X.size(1)  # iterate on the wide orientation: X @ X.T is the smaller Gram matrix
+    X = (X.T if transposed else X) / (X.norm() + eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
         A = X @ X.T
-        B = b * A + c * A @ A
-        X = a * X + B @ X
+        X = a * X + (b * A + c * A @ A) @ X
     return X.T if transposed else X
 
 class Muon(torch.optim.Optimizer):
-    """Momentum + Nesterov, then orthogonalized updates for 2-D matrices. Each rank orthogonalizes
-    every world_size-th matrix; one all-reduce over a flat buffer gives every rank all updates.
-    update_dtype is bf16 for speed; fp32 keeps 1 and N processes within float noise of each other,
-    where bf16 rounding amplifies the different gradient summation order to ~1e-4 in loss."""
-
+    """Momentum + Nesterov, then orthogonalized updates for 2-D matrices. Every rank keeps every momentum (cheap;
+    a checkpoint needs only rank 0's) but orthogonalizes only every world_size-th matrix; one all-reduce over a
+    flat buffer gives every rank all updates. update_dtype bf16 is fast; fp32 keeps 1 and N processes within
+    float noise, where bf16 rounding amplifies the different gradient summation order to ~1e-4 in loss."""
     def __init__(self, params, lr: float, momentum: float, backend_steps: int, nesterov: bool = True,
                  update_dtype=torch.bfloat16, weight_decay: float = 0.0, row_norm: bool = False,
                  coeffs=QUINTIC_COEFFS):
@@ -327,36 +327,29 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             params = group["params"]
             updates = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=self.update_dtype)
-            offset = 0
+            views = updates.split([p.numel() for p in params])  # one per matrix
             for i, p in enumerate(params):
-                if i % world_size == rank and p.grad is not None:
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = torch.zeros_like(p.grad)
-                    buf = state["momentum_buffer"]
-                    buf.mul_(group["momentum"]).add_(p.grad)
+                if p.grad is None:
+                    continue
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = self.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+                if i % world_size == rank:
                     g = p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
                     if self.row_norm:  # equal-norm rows, so no row dominates the orthogonalization
                         g = g / (g.norm(dim=1, keepdim=True) + 1e-7)
                     g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
                     g = g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # keep tall matrices' RMS update comparable
-                    updates[offset:offset + p.numel()] = g.flatten()
-                offset += p.numel()
+                    views[i].copy_(g.flatten())
             if distributed:
                 dist.all_reduce(updates, op=dist.ReduceOp.SUM)
-            offset = 0
-            for p in params:
+            for p, update in zip(params, views):
                 if group["weight_decay"]:  # decoupled: shrinks the weights, so their compressed size too
                     p.mul_(1.0 - group["lr"] * group["weight_decay"])
-                p.add_(updates[offset:offset + p.numel()].view_as(p).to(p.dtype), alpha=-group["lr"])
-                offset += p.numel()
-
+                p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
 
 # ---- DATA ----
-
-SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
-SHARD_HEADER_INTS = 256
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256  # the header: 256 little-endian int32
 SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 
@@ -375,12 +368,10 @@ def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
                           f"HINT: shards are written by data/shards.py; {fix}")
     if header[1] != SHARD_VERSION:
         raise ConfigError(f"{path}: shard version {header[1]} is not the supported version {SHARD_VERSION}; {fix}")
-    num_tokens = int(header[2])
-    expected = SHARD_HEADER_BYTES + 2 * num_tokens
+    num_tokens, expected = int(header[2]), SHARD_HEADER_BYTES + 2 * int(header[2])
     if size != expected:
-        what = "truncated" if size < expected else "has trailing bytes"
-        raise ConfigError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens "
-                          f"({expected} bytes): it is {what}; {fix}")
+        raise ConfigError(f"{path}: file is {size} bytes but its header promises {num_tokens} tokens ({expected} bytes): "
+                          f"it is {'truncated' if size < expected else 'has trailing bytes'}; {fix}")
     tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
     if vocab_size is not None and num_tokens and int(tokens.max()) >= vocab_size:
         bad = int(np.argmax(tokens >= vocab_size))
@@ -389,8 +380,7 @@ def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
     return tokens
 
 def load_shards(pattern: str, what: str, vocab_size: int | None = None, share=(0, 1)) -> list[np.ndarray]:
-    """The shards matching pattern, memory-mapped and checked; with vocab_size, every token id of this
-    rank's share (rank, world size) of them."""
+    """The shards matching pattern, memory-mapped and checked, with vocab_size every token id of share=(rank, world)."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise ConfigError(f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
@@ -399,53 +389,34 @@ def load_shards(pattern: str, what: str, vocab_size: int | None = None, share=(0
         raise ConfigError(f"DATA_PATH: the {what} shards matching {pattern} hold no tokens; rebuild the data")
     return shards
 
-class TokenStream:
-    """Walks the (memory-mapped) shards in order, wrapping around at the end."""
-
-    def __init__(self, pattern: str):
+class DistributedTokenLoader:
+    """Walks the (memory-mapped) training shards in order, wrapping around. Every rank reads the same global
+    chunk and keeps its own contiguous span of it; the extra token per span supplies the last target."""
+    def __init__(self, pattern: str, rank: int = 0, world_size: int = 1, device=torch.device("cpu")):
         self.shards = load_shards(pattern, "training")
-        self.file_index, self.pos = 0, 0
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.position = [0, 0]  # [shard, token]: what a checkpoint saves
 
     def take(self, n: int) -> Tensor:
         chunks = []
         while n > 0:  # ends: setup() checked that the shards hold tokens
-            shard = self.shards[self.file_index]
-            chunks.append(shard[self.pos:self.pos + n])
-            self.pos, n = self.pos + len(chunks[-1]), n - len(chunks[-1])
-            if self.pos >= len(shard):
-                self.file_index, self.pos = (self.file_index + 1) % len(self.shards), 0
+            index, pos = self.position
+            chunks.append(self.shards[index][pos:pos + n])
+            pos, n = pos + len(chunks[-1]), n - len(chunks[-1])
+            self.position = [index, pos] if pos < len(self.shards[index]) else [(index + 1) % len(self.shards), 0]
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
-
-    def position(self) -> list[int]:
-        return [self.file_index, self.pos]
-
-    def seek(self, position: list[int]) -> None:
-        self.file_index, self.pos = position
-
-class DistributedTokenLoader:
-    """Every rank reads the same global chunk and keeps its own contiguous span of it; the extra
-    token per span supplies the last target."""
-
-    def __init__(self, pattern: str, rank: int, world_size: int, device: torch.device):
-        self.stream = TokenStream(pattern)
-        self.rank, self.world_size, self.device = rank, world_size, device
 
     def next_span(self, local_tokens: int) -> Tensor:
         span = local_tokens + 1
-        chunk = self.stream.take(span * self.world_size)
-        return chunk[self.rank * span:(self.rank + 1) * span]
+        return self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
 
     def next_batch(self, global_tokens: int, seq_len: int, grad_accum_steps: int) -> tuple[Tensor, Tensor]:
         local = self.next_span(global_tokens // (self.world_size * grad_accum_steps)).to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copy below is asynchronous and overlaps compute
-        x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
-        y = local[1:].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
-        return x, y
-
+        return tuple(t.view(-1, seq_len).to(self.device, non_blocking=True) for t in (local[:-1], local[1:]))  # (B, T)
 
 # ---- TOKENIZER BYTE ACCOUNTING ----
-
 SPACE = "\u2581"  # SentencePiece's space symbol: one byte of text, however the tokenizer wrote it
 
 @dataclass
@@ -555,16 +526,13 @@ def load_validation(pattern: str, seq_len: int, tok: Tokenizer, share=(0, 1)) ->
                           "or build more validation data")
     return tokens[:usable + 1], counted[:usable + 1].to(torch.int16)
 
-
 # ---- MODEL ----
-
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "lane_mix", "smear_gate")
 
 class CastedLinear(nn.Linear):
-    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. While qat_bits
-    is set (late QAT), the weight passes through the export's fake quantization. A plain attribute:
-    torch.compile guards on it and compiles a second graph, which warmup primes (set_phase)."""
-
+    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. While qat_bits is set
+    (late QAT), the weight passes through the export's fake quantization. A plain attribute: torch.compile
+    guards on it and compiles a second graph, which warmup primes (set_phase)."""
     qat_bits = 0
 
     def forward(self, x: Tensor) -> Tensor:
@@ -592,10 +560,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.xsa = num_heads, num_kv_heads, xsa
         self.head_dim = dim // num_heads
-        kv_dim = num_kv_heads * self.head_dim
         self.c_q = CastedLinear(dim, dim, bias=False)
-        self.c_k = CastedLinear(dim, kv_dim, bias=False)
-        self.c_v = CastedLinear(dim, kv_dim, bias=False)
+        self.c_k = CastedLinear(dim, num_kv_heads * self.head_dim, bias=False)
+        self.c_v = CastedLinear(dim, num_kv_heads * self.head_dim, bias=False)
         self.proj = CastedLinear(dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         # fp32 tables computed once, not per element inside the kernels; not saved, and not broadcast by DDP
@@ -694,6 +661,7 @@ class GPT(nn.Module):
         self.parallel_from = hp.parallel_from
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
+        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # a module: GPTQ hooks the head's inputs
         self.lm_head = None if hp.tie_embeddings else CastedLinear(hp.model_dim, hp.vocab_size, bias=False)
         if hp.tie_embeddings:
             nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
@@ -727,9 +695,9 @@ class GPT(nn.Module):
             x = self.blocks[layer](x, x0)
             if i < num_encoder:
                 skips.append(x if x.dim() == 3 else x.mean(0))
-        x = rms_norm(x if x.dim() == 3 else x.mean(0))
-        weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, weight.to(x.dtype)).float()  # (B, T, V)
+        x = self.final_norm(x if x.dim() == 3 else x.mean(0))
+        head = self.tok_emb if self.lm_head is None else self.lm_head
+        logits = F.linear(x, head.weight.to(x.dtype)).float()  # (B, T, V)
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
     def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
@@ -746,50 +714,49 @@ def set_phase(model: GPT, looping: bool, qat_bits: int) -> None:
             m.qat_bits = qat_bits if is_quantized(m.weight) else 0
 
 def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
-    """6 per weight of every matmul as run (looped blocks each time; the head, or the tied embedding
-    once as the head; lookups are free), plus attention's QK^T and AV without a causal discount
-    (PaLM appendix B)."""
-    order = model.layer_order()
-    block = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
-    matmuls = sum(block[i] for i in order) + model.tok_emb.weight.numel()
-    matmuls += model.bigram_proj.weight.numel() if model.bigram_proj is not None else 0
+    """6 per weight of every matmul as run (looped blocks each time; the head, or the tied embedding once as
+    the head; lookups are free), plus attention's QK^T and AV without a causal discount (PaLM appendix B)."""
+    order, extra = model.layer_order(), [model.tok_emb] + ([model.bigram_proj] if model.bigram_proj else [])
+    matmuls = sum(p.numel() for m in [model.blocks[i] for i in order] + extra for p in m.parameters())
     return 6 * matmuls + 12 * len(order) * hp.model_dim * hp.train_seq_len
 
-
 # ---- EVALUATION ----
-
-@torch.no_grad()
 def evaluate(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperparameters, layout: Layout,
              sliding: bool = False) -> tuple[float, float]:
-    """val_loss (nats per token) and val_bpb of the validation split, in windows of seq_len tokens, each
-    scoring the targets after the previous window's: every token once, with at least seq_len - stride
-    tokens of context outside the first window (plain: stride = seq_len). Ranks take contiguous runs
-    of windows; the float64 sums are reduced."""
+    """val_loss (nats per token) and val_bpb of the validation split."""
+    return metrics(score(model, val_tokens, val_bytes, hp, layout, sliding))
+
+def metrics(sums: Tensor) -> tuple[float, float]:
+    loss_sum, tokens, num_bytes = sums.tolist()
+    return loss_sum / tokens, loss_sum / tokens / math.log(2.0) * tokens / num_bytes
+
+@torch.no_grad()
+def score(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperparameters, layout: Layout,
+          sliding: bool = False, span: tuple[int, int] | None = None) -> Tensor:
+    """Summed loss, tokens and bytes (float64, over ranks) of the validation targets in span (default: all), in
+    windows of seq_len tokens, each scoring the targets after the previous one's: every token once, with at least
+    seq_len - stride tokens of context outside the first window (plain: stride = seq_len)."""
     seq_len = (hp.eval_seq_len or hp.train_seq_len) if sliding else hp.train_seq_len
     stride = (hp.eval_stride or seq_len) if sliding else seq_len
-    num_targets = val_tokens.numel() - 1
-    ends = list(range(seq_len, num_targets, stride)) + [num_targets]  # window k scores targets ends[k-1]..ends[k]
-    scored = torch.tensor([ends[0]] + [b - a for a, b in zip(ends, ends[1:])], device=layout.device)
-    first = len(ends) * layout.rank // layout.world_size
-    last = len(ends) * (layout.rank + 1) // layout.world_size
-    # every batch has the same shape (the last is padded with windows that score nothing), so a compiled
-    # model sees one eval graph; small splits get smaller batches rather than padding
+    start, stop = span or (0, val_tokens.numel() - 1)
+    ends = list(range(max(start + stride, seq_len), stop, stride)) + [stop]  # window k scores ends[k-1]..ends[k]
+    scored = torch.tensor([ends[0] - start] + [b - a for a, b in zip(ends, ends[1:])], device=layout.device)
+    first, last = (len(ends) * r // layout.world_size for r in (layout.rank, layout.rank + 1))
+    # one batch shape, so one compiled eval graph: the last batch is padded with windows that score nothing
     batch_windows = max(1, hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len)
     batch_windows = min(batch_windows, -(-len(ends) // layout.world_size))
-    positions = torch.arange(seq_len, device=layout.device)
     acc = torch.device("cpu") if layout.device.type == "mps" else layout.device  # MPS has no float64
     sums = torch.zeros(3, dtype=torch.float64, device=acc)  # loss, tokens, bytes
     was_training = model.training
     model.eval()
     for i in range(first, last, batch_windows):
         batch = [min(k, last - 1) for k in range(i, i + batch_windows)]
-        windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])
-        windows = windows.to(layout.device, torch.int64, non_blocking=True)
+        windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch]).to(layout.device, torch.int64)
         x, y = windows[:, :-1], windows[:, 1:]  # (B, T)
         num_bytes = torch.stack([val_bytes[ends[k] - seq_len + 1:ends[k] + 1] for k in batch])
         ks = torch.arange(i, i + batch_windows, device=layout.device)
         num_scored = torch.where(ks < last, scored[ks.clamp(max=last - 1)], 0)  # no host sync
-        mask = positions[None, :] >= seq_len - num_scored[:, None]  # (B, T): the last num_scored
+        mask = torch.arange(seq_len, device=layout.device) >= seq_len - num_scored[:, None]  # (B, T): the last num_scored
         with autocast(layout):
             losses = model(x, y, reduction="none").detach().view_as(mask)
         losses, mask, num_bytes = (t.to(acc) for t in (losses, mask, num_bytes))
@@ -799,16 +766,36 @@ def evaluate(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperp
     if layout.distributed:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    loss_sum, tokens, num_bytes = sums.tolist()
-    val_loss = loss_sum / tokens
-    return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
+    return sums.cpu()
+
+def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperparameters, layout: Layout,
+                    trainer: nn.Module | None = None) -> Tensor:
+    """Score-first TTT, one pass left to right over chunks of TTT_CHUNK_TOKENS: each chunk is scored as score()
+    scores (sliding with EVAL_STRIDE), then the model takes TTT_EPOCHS SGD steps on the tokens just scored; the
+    last chunk is never trained on. So every prediction depends only on the artifact and earlier tokens.
+    trainer: the model as DDP wraps it (gradients averaged over ranks). Returns each chunk's sums (chunks, 3)."""
+    seq_len, num_targets = hp.eval_seq_len or hp.train_seq_len, val_tokens.numel() - 1
+    bounds = list(range(0, num_targets, hp.ttt_chunk_tokens)) + [num_targets]
+    adapted = [p for name, p in model.named_parameters() if hp.ttt_params == "all" or "blocks." in name]
+    sgd = torch.optim.SGD([dict(params=adapted, base_lr=hp.ttt_lr)], lr=hp.ttt_lr, momentum=hp.ttt_momentum)
+    step_hp, step_layout = dataclasses.replace(hp, grad_clip_norm=hp.ttt_grad_clip), dataclasses.replace(layout,
+                                                                                                        grad_accum_steps=1)
+    sums = []
+    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        sums.append(score(model, val_tokens, val_bytes, hp, layout, hp.eval_stride > 0, (a, b)))
+        if b == num_targets:
+            break  # the last chunk: scored, never trained on
+        chunk = val_tokens[a:b + 1].to(layout.device, torch.int64)
+        x, y = (t.view(-1, seq_len)[layout.rank::layout.world_size] for t in (chunk[:-1], chunk[1:]))
+        for _ in range(hp.ttt_epochs):  # cosine decay over the chunks trained on
+            train_step(trainer or model, lambda: (x, y), [sgd], step_hp, step_layout,
+                       0.5 * (1.0 + math.cos(math.pi * c / max(len(bounds) - 2, 1))))
+    return torch.stack(sums)
 
 def autocast(layout: Layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
 
-
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
-
 # Tensors up to this size stay in float. Every matrix of the 9x512 default is far larger; at width
 # 256 the attention matrices (32k-65k) must be quantized too, or they dominate the artifact.
 KEEP_FLOAT_MAX_NUMEL = 16_384
@@ -830,15 +817,13 @@ def is_quantized(tensor: Tensor) -> bool:
     return tensor.is_floating_point() and tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
 
 def round_to_fp16(x: Tensor) -> Tensor:
-    """Positive fp32 values in fp16's normal range, rounded to the nearest fp16 (ties to even) and
-    kept in fp32. Integer ops because torch.compile drops a .half().float() round trip, and QAT
-    must see the scales the export stores."""
+    """Positive fp32 values in fp16's normal range, rounded to the nearest fp16 (ties to even), kept in fp32.
+    Integer ops: torch.compile drops a .half().float() round trip, and QAT must see the export's scales."""
     bits = x.float().view(torch.int32)
     return ((bits + 0x0FFF + ((bits >> 13) & 1)) & -0x2000).view(torch.float32)
 
 def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """Per-row symmetric quantization of a 2-D float tensor to integers in [-qmax, qmax], with the
-    clip searched per row. Returns (q as float, scale (rows,) as stored in fp16)."""
+    """Per-row symmetric integers in [-qmax, qmax] (as float) and scales (rows,) as stored in fp16, clip searched."""
     qmax = 2 ** (bits - 1) - 1
     absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
     # fp16 scales floored at its smallest normal (no division by zero); float fractions: no host-to-device copy
@@ -849,15 +834,37 @@ def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
     rows = torch.arange(w.size(0), device=w.device)
     return q[best, rows], scales[best, rows, 0]
 
+def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp: float, block: int = 128) -> tuple[Tensor, Tensor]:
+    """GPTQ (Frantar et al. 2022) with quantize_rows's scales: columns in descending order of H's diagonal
+    (act order), each column's rounding error pushed onto the columns not yet quantized through the upper
+    Cholesky factor of H^-1, in blocks. H = X^T X of the layer's inputs; H = I gives round-to-nearest."""
+    qmax, (_, scale) = 2 ** (bits - 1) - 1, quantize_rows(w, bits)
+    W, H = w.double().clone(), H.double().clone()
+    dead = H.diagonal() == 0  # inputs that were always zero: their weights do not matter
+    H[dead, dead], W[:, dead] = 1.0, 0.0
+    order = torch.argsort(H.diagonal(), descending=True)
+    W, H = W[:, order], H[order][:, order]
+    H += damp * H.diagonal().mean() * torch.eye(len(H), dtype=H.dtype, device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    s, Q = scale.double()[:, None], torch.zeros_like(W)
+    for a in range(0, W.size(1), block):
+        b, err = min(a + block, W.size(1)), torch.zeros_like(W[:, a:a + block])  # (R, b - a)
+        for j in range(a, b):
+            Q[:, j] = torch.clamp(torch.round(W[:, j] / s[:, 0]), -qmax, qmax)
+            err[:, j - a] = (W[:, j] - Q[:, j] * s[:, 0]) / U[j, j]
+            W[:, j + 1:b] -= err[:, j - a:j - a + 1] @ U[j:j + 1, j + 1:b]
+        W[:, b:] -= err @ U[a:b, b:]
+    return Q[:, torch.argsort(order)].float(), scale
+
 def fake_quantize(w: Tensor, bits: int) -> Tensor:
     """The export's round trip in the forward pass, with a straight-through gradient (late QAT)."""
     q, scale = quantize_rows(w.detach(), bits)
     return w + (q * scale[:, None] - w).detach()
 
-def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int) -> dict:
+def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int, hessians=None, damp=0.01) -> dict:
     """Large float matrices -> per-row integers, one byte each (packing the bits hides their distribution
-    from the compressor: README, "Compressors"), with fp16 scales; small tensors -> fp16, but control
-    tensors (gains, mixes) stay fp32 since they are few and sensitive."""
+    from the compressor: README, "Compressors"), with fp16 scales, by GPTQ where hessians has the matrix;
+    small tensors -> fp16, but control tensors (gains, mixes) stay fp32: they are few and sensitive."""
     ints, scales, floats, dtypes = {}, {}, {}, {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach().cpu()
@@ -865,24 +872,22 @@ def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: in
         if not tensor.is_floating_point():
             floats[name] = tensor
         elif not is_quantized(tensor):
-            keep_fp32 = any(key in name for key in CONTROL_PARAM_NAMES)
-            floats[name] = tensor.float() if keep_fp32 else tensor.half()
+            floats[name] = tensor.float() if any(key in name for key in CONTROL_PARAM_NAMES) else tensor.half()
         else:
-            q, scale = quantize_rows(tensor.float(), embed_bits if name == "tok_emb.weight" else bits)
+            width = embed_bits if name == "tok_emb.weight" else bits
+            q, scale = gptq_quantize(tensor, hessians[name].cpu(), width, damp) if name in (hessians or {}) else \
+                quantize_rows(tensor.float(), width)
             ints[name], scales[name] = q.to(torch.int8), scale.half()
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
-    out = {}
-    for name, dtype in obj["dtypes"].items():
-        ints = obj["ints"].get(name)
-        tensor = obj["floats"][name] if ints is None else ints.float() * obj["scales"][name].float()[:, None]
-        out[name] = tensor.to(getattr(torch, dtype))
-    return out
+    ints, scales = obj["ints"], obj["scales"]
+    return {name: (ints[name].float() * scales[name].float()[:, None] if name in ints else obj["floats"][name])
+            .to(getattr(torch, dtype)) for name, dtype in obj["dtypes"].items()}
 
-def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters) -> bytes:
+def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters, hessians=None) -> bytes:
     buffer = io.BytesIO()
-    torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits), buffer)
+    torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits, hessians, hp.gptq_damp), buffer)
     blob = COMPRESSORS[hp.compressor][0](buffer.getvalue())
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
@@ -890,28 +895,23 @@ def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters
     return blob
 
 def load_artifact(path) -> dict[str, Tensor]:
-    """Read an artifact back without executing pickled code (weights_only); the compressor is
-    recognized by the artifact's leading bytes."""
+    """An artifact read back without executing pickled code (weights_only), its compressor told by its first bytes."""
     blob = Path(path).read_bytes()
     decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
     if decompress is None:
         raise ConfigError(f"{path}: its first bytes {blob[:6]!r} are those of no COMPRESSOR ({', '.join(COMPRESSORS)})")
     return dequantize_state_dict(torch.load(io.BytesIO(decompress(blob)), map_location="cpu", weights_only=True))
 
-
 # ---- LOGGING ----
-
 @dataclass
 class RunLog:
     """Console lines from rank 0, mirrored into logs/<RUN_ID>.txt after the script's own source."""
     path: Path | None
 
     def write_header(self, source: bytes, hp: Hyperparameters, layout: Layout, command: str) -> None:
-        digest = hashlib.sha256(source).hexdigest()
         with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
-            f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{digest} ====\n".encode())
-            f.write(source)
-            f.write(b"\n==== end of source ====\n")
+            f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{hashlib.sha256(source).hexdigest()} ====\n"
+                    .encode() + source + b"\n==== end of source ====\n")
         self(f"versions: python:{platform.python_version()} torch:{torch.__version__}", console=False)
         for line in describe_hardware(layout):
             self(line, console=False)
@@ -941,27 +941,21 @@ def describe_hardware(layout: Layout) -> list[str]:
     return [f"hardware: {layout.device.type}: {cpu_name}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
 
-def misspelled_settings(environ=None) -> list[str]:
+def misspelled_settings(environ=os.environ) -> list[str]:
     """Env vars a typo away from a setting: NUM_LAYER=11 would otherwise be silently ignored."""
-    environ = os.environ if environ is None else environ
     names = Hyperparameters.env_names()
     return [f"{key} (did you mean {match[0]}?)" for key in environ
             if key not in names and (match := difflib.get_close_matches(key, names, n=1, cutoff=0.9))]
 
-def launch_command(environ=None) -> str:
+def launch_command(environ=os.environ) -> str:
     """The command that reproduces this run: the env vars it set, then the launcher."""
-    environ = os.environ if environ is None else environ
     settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(Hyperparameters.env_names())
                 if name in environ]
-    if "LOCAL_WORLD_SIZE" in environ:  # set by torchrun
-        launcher = f"torchrun --standalone --nproc_per_node={environ['LOCAL_WORLD_SIZE']} {Path(__file__).name}"
-    else:
-        launcher = f"python {Path(__file__).name}"
-    return " ".join(settings + [launcher])
-
+    launcher = f"torchrun --standalone --nproc_per_node={environ['LOCAL_WORLD_SIZE']}" if "LOCAL_WORLD_SIZE" in \
+        environ else "python"  # torchrun sets LOCAL_WORLD_SIZE
+    return " ".join(settings + [f"{launcher} {Path(__file__).name}"])
 
 # ---- CHECKPOINTS AND SAMPLES ----
-
 MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
                         "tie_embeddings", "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale",
                         "xsa_last_n", "smear_gate", "bigram_buckets", "bigram_dim", "loop_start", "loop_end",
@@ -1004,10 +998,10 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
     try:  # the tensors are mapped, not read: this finds a damaged file, not a flipped bit
         meta = json.loads((folder / "meta.json").read_text())
         shape = {name: meta["hyperparameters"].get(name, defaults[name]) for name in MODEL_SHAPE_SETTINGS}
-        for path in [folder / "state.pt", *(folder / f"muon_rank{r}.pt" for r in range(meta["world_size"]))]:
-            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=True, mmap=True)
         (index, pos), shards = meta["loader"], sorted(glob.glob(os.path.join(hp.data_path, "fineweb_train_*.bin")))
-        meta["run_id"], meta["source_sha256"]  # noqa: B018 (read later: they must be there)
+        if {"model", "adam", "muon", "ema"} - saved.keys() or {"run_id", "source_sha256"} - meta.keys():
+            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
         if not (0 <= index < len(shards) and 0 <= pos <= len(shard_tokens(shards[index]))):
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
     except Exception as e:
@@ -1026,28 +1020,20 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
 
 def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon: Muon, ema, state: LoopState,
                     loader: DistributedTokenLoader, source_sha256: str) -> Path:
-    """Every rank writes into step_N.tmp/, which is renamed to step_N/ once complete, so a write
-    killed halfway leaves the earlier checkpoints as they were. Plain tensors and JSON only."""
+    """Rank 0 (every rank holds the same weights and optimizer states) writes step_N.tmp/, renamed to step_N/
+    once complete, so a write killed halfway leaves the earlier checkpoints as they were. Tensors and JSON only."""
     root = Path(hp.checkpoint_dir) / hp.run_id
     folder, tmp = root / f"step_{state.step:06d}", root / f"step_{state.step:06d}.tmp"
     if layout.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    barrier(layout)
-    muon_state = muon.state_dict()["state"]  # a rank holds the momentum of the matrices it orthogonalizes
-    torch.save({i: v for i, v in muon_state.items() if i % layout.world_size == layout.rank},
-               tmp / f"muon_rank{layout.rank}.pt")
-    if layout.is_main:
-        torch.save({"model": model.state_dict(), "adam": adam.state_dict(), "ema": ema.params if ema else None,
-                    "rng": torch.get_rng_state(),
+        torch.save({"model": model.state_dict(), "adam": adam.state_dict(), "muon": muon.state_dict(),
+                    "ema": ema.params if ema else None, "rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state(layout.device) if layout.device.type == "cuda" else None},
                    tmp / "state.pt")
         meta = dict(run_id=hp.run_id, source_sha256=source_sha256, world_size=layout.world_size,
-                    loader=loader.stream.position(), hyperparameters=dataclasses.asdict(hp),
-                    **dataclasses.asdict(state))
+                    loader=loader.position, hyperparameters=dataclasses.asdict(hp), **dataclasses.asdict(state))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    barrier(layout)
-    if layout.is_main:
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         stale = [p for p in root.glob("step_*.tmp") if p != tmp]  # writes that were killed halfway
@@ -1058,45 +1044,46 @@ def save_checkpoint(hp: Hyperparameters, layout: Layout, model: GPT, adam, muon:
 
 def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, ema,
                     loader: DistributedTokenLoader) -> LoopState:
-    """Restore a checkpoint into this run, whatever its world size (Muon's momentum is gathered
-    from every rank's file; each rank then keeps using the part it owns)."""
+    """Restore a checkpoint into this run, whatever its world size."""
     meta = json.loads((folder / "meta.json").read_text())
     saved = torch.load(folder / "state.pt", map_location=layout.device, weights_only=True)
     model.load_state_dict(saved["model"])
-    # only the state: learning rates, betas and the like come from this run's settings
-    adam.load_state_dict({"state": saved["adam"]["state"], "param_groups": adam.state_dict()["param_groups"]})
-    muon_state = {}
-    for path in sorted(folder.glob("muon_rank*.pt")):
-        muon_state.update(torch.load(path, map_location=layout.device, weights_only=True))
-    muon.load_state_dict({"state": muon_state, "param_groups": muon.state_dict()["param_groups"]})
+    for opt, key in ((adam, "adam"), (muon, "muon")):  # only the states: the LRs and such are this run's settings
+        opt.load_state_dict({"state": saved[key]["state"], "param_groups": opt.state_dict()["param_groups"]})
     if ema:  # a run that turns the EMA on at the resume starts it from the resumed weights
         torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in model.parameters()])
     torch.set_rng_state(saved["rng"].cpu())
     if saved["cuda_rng"] is not None and layout.device.type == "cuda":
         torch.cuda.set_rng_state(saved["cuda_rng"].cpu(), layout.device)
-    loader.stream.seek(meta["loader"])
+    loader.position = list(meta["loader"])
     return LoopState(**{f.name: meta.get(f.name, f.default) for f in fields(LoopState)})
 
 @torch.no_grad()
+def generate(model: GPT, ids: Tensor, new_tokens: int, hp: Hyperparameters, layout: Layout,
+             temperature: float = 0.0) -> Tensor:
+    """Each row of ids (B, T) continued by new_tokens: greedy, or sampled at this temperature (seeded per rank)."""
+    was_training, rng = model.training, torch.Generator(layout.device).manual_seed(hp.seed + layout.rank)
+    model.eval()
+    for _ in range(new_tokens):
+        with autocast(layout):
+            logits = model.logits(ids[:, -hp.train_seq_len:])[:, -1].float()
+        probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1)
+        ids = torch.cat((ids, logits.argmax(-1, keepdim=True) if temperature == 0 else
+                         torch.multinomial(probs, 1, generator=rng)), dim=1)
+    model.train(was_training)
+    return ids
+
 def sample(model: GPT, tok: Tokenizer, hp: Hyperparameters, layout: Layout, log, new_tokens: int = 32) -> list[str]:
     """Greedy continuations of fixed prompts, logged, so a user sees what the model learned."""
-    was_training, texts = model.training, []
-    model.eval()
+    texts = []
     for prompt in SAMPLE_PROMPTS:
-        ids = [BOS_ID] + tok.encode(prompt)
-        for _ in range(new_tokens):
-            x = torch.tensor([ids[-hp.train_seq_len:]], device=layout.device)
-            with autocast(layout):
-                ids.append(int(model.logits(x)[0, -1].argmax()))
-        texts.append(tok.decode(ids[1:]))
+        ids = torch.tensor([[BOS_ID] + tok.encode(prompt)], device=layout.device)
+        texts.append(tok.decode(generate(model, ids, new_tokens, hp, layout)[0, 1:].tolist()))
         log(f"sample: {texts[-1]!r}")
-    model.train(was_training)
     return texts
 
 class StopSignal:
-    """The first SIGTERM or SIGINT asks the loop to finish its step, checkpoint and exit; a second
-    one exits at once."""
-
+    """The first SIGTERM or SIGINT asks the loop to finish its step, checkpoint and exit; a second exits at once."""
     def __init__(self):
         self.signum, self.first_at = 0, 0.0
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -1109,46 +1096,32 @@ class StopSignal:
         elif now - self.first_at > 2.0:  # a scheduler and torchrun may both deliver the first one
             os._exit(128 + signum)
 
-    @staticmethod
-    def release() -> None:
-        """After training nothing can be checkpointed: a signal stops the export or evaluation at once."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 # ---- TRAINING ----
-
 def training_progress(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
     """The spent part of the budget: of ITERATIONS or of MAX_WALLCLOCK_SECONDS, whichever is further."""
-    by_time = elapsed_ms / (1000.0 * hp.max_wallclock_seconds) if hp.max_wallclock_seconds > 0 else 0.0
-    return max(step / max(hp.iterations, 1), by_time)
+    return max(step / max(hp.iterations, 1), elapsed_ms / hp.budget_ms)
 
 def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
-    """LR multiplier: 1, then linear down to MIN_LR_SCALE over the last WARMDOWN_FRAC of the budget,
-    or (WARMDOWN_FRAC=0) over the last WARMDOWN_ITERS steps or, under a wallclock cap, the last
-    WARMDOWN_ITERS * (average step time) of it, whichever comes first."""
+    """LR multiplier: 1, then linear down to MIN_LR_SCALE over the last WARMDOWN_FRAC of the budget, or (0) over
+    the last WARMDOWN_ITERS steps or, under a wallclock cap, WARMDOWN_ITERS * (average step time), if sooner."""
     if hp.warmdown_frac > 0:
         left = min(1.0, max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac)
     elif hp.warmdown_iters <= 0:
         left = 1.0
     else:
         left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
-        if hp.max_wallclock_seconds > 0:
+        if hp.budget_ms < math.inf:
             warmdown_ms = hp.warmdown_iters * elapsed_ms / max(step, 1)
-            remaining_ms = max(1000.0 * hp.max_wallclock_seconds - elapsed_ms, 0.0)
+            remaining_ms = max(hp.budget_ms - elapsed_ms, 0.0)
             left = min(left, remaining_ms / warmdown_ms if remaining_ms < warmdown_ms else 1.0)
     return hp.min_lr_scale + (1.0 - hp.min_lr_scale) * left
 
 def muon_momentum(step: int, hp: Hyperparameters) -> float:
-    if hp.muon_momentum_warmup_steps <= 0:
-        return hp.muon_momentum
-    frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
+    frac = min(step / hp.muon_momentum_warmup_steps, 1.0) if hp.muon_momentum_warmup_steps > 0 else 1.0
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
 
 class EMA:
-    """Exponential moving average of the weights, updated on device after every step (no host
-    sync); swap() exchanges it with the live weights, and a second swap() undoes the first."""
-
+    """The weights' moving average, updated on device every step; swap() exchanges it with the live weights."""
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.params = [p.detach().clone() for p in model.parameters()]
@@ -1159,21 +1132,18 @@ class EMA:
 
     @torch.no_grad()
     def swap(self, model: nn.Module) -> None:
-        for p, ema in zip(model.parameters(), self.params):
-            live = p.detach().clone()
-            p.copy_(ema)
-            ema.copy_(live)
+        live = [p.detach().clone() for p in model.parameters()]
+        torch._foreach_copy_([p.detach() for p in model.parameters()], self.params)
+        self.params = live
 
 def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> tuple[list[torch.optim.Optimizer], Muon]:
-    """Muon for the 2-D matrices (the blocks' and the bigram projection); AdamW for the embeddings,
-    the untied head and every vector or control parameter."""
+    """Muon for the blocks' and bigram projection's matrices; AdamW for embeddings, head, vectors and controls."""
     embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
     head = [model.lm_head.weight] if model.lm_head is not None else []
     matrices, scalars = [], []
     for name, p in model.named_parameters():
         if not any(p is e for e in embeddings + head):
-            is_control = any(key in name for key in CONTROL_PARAM_NAMES)
-            (matrices if p.ndim == 2 and not is_control else scalars).append(p)
+            (matrices if p.ndim == 2 and not any(key in name for key in CONTROL_PARAM_NAMES) else scalars).append(p)
     adam_groups = [
         dict(params=embeddings, lr=hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr, weight_decay=hp.embed_wd),
         dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.scalar_wd),
@@ -1191,14 +1161,13 @@ def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> tuple[l
             group["base_lr"] = group["lr"]
     return optimizers, muon
 
-def train_step(model: nn.Module, loader: DistributedTokenLoader, optimizers, hp: Hyperparameters,
-               layout: Layout, lr_scale: float) -> Tensor:
-    """One optimizer step over GRAD_ACCUM_STEPS micro-batches; returns the mean train loss."""
+def train_step(model: nn.Module, next_batch, optimizers, hp: Hyperparameters, layout: Layout, lr_scale: float) -> Tensor:
+    """One optimizer step over GRAD_ACCUM_STEPS micro-batches (x, y) = next_batch(); returns the mean loss."""
     total = torch.zeros((), device=layout.device)
     for micro in range(layout.grad_accum_steps):
         if layout.distributed:  # all-reduce gradients only once, after the last micro-step
             model.require_backward_grad_sync = micro == layout.grad_accum_steps - 1
-        x, y = loader.next_batch(hp.train_batch_tokens, hp.train_seq_len, layout.grad_accum_steps)
+        x, y = next_batch()
         with autocast(layout):
             loss = model(x, y)
         (loss / layout.grad_accum_steps).backward()
@@ -1224,14 +1193,14 @@ class Run:
     log: RunLog | None = None
     model: GPT | None = None  # the plain module: its weights are trained, exported and sampled
     compiled: nn.Module | None = None  # the same weights, compiled on CUDA: what evaluates
+    trainer: nn.Module | None = None  # the compiled model as DDP wraps it: what trains
 
-def setup(environ=None) -> Run:
+def setup(environ=os.environ) -> Run:
     """Every check that can fail, on every rank, before any process group, model or file: settings, paths,
     the tokenizer, every shard's header and ids, the validation split's bytes against decoding."""
-    environ = os.environ if environ is None else environ
     hp = Hyperparameters.from_env(environ)
-    world_size = int(environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(environ.get("RANK", "0")), int(environ.get("LOCAL_RANK", "0"))
+    world_size, rank, local_rank = (int(environ.get(name, default)) for name, default in
+                                    (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)))
     accum = resolve_grad_accum(hp, world_size)
     if hp.run_id and (Path(hp.run_id).name != hp.run_id or hp.run_id.startswith(".") or len(hp.run_id) > 200):
         raise ConfigError(f"RUN_ID={hp.run_id!r} names files in LOG_DIR and CHECKPOINT_DIR, so it must be a plain "
@@ -1249,8 +1218,7 @@ def setup(environ=None) -> Run:
                           tokenizer, (rank, world_size))  # each rank decodes its share of the documents
     meta = resolve_resume(hp)
     log_path = Path(hp.log_dir) / f"{hp.run_id}.txt"
-    if hp.run_id and log_path.exists():
-        # a resumed run continues its own log, if the script is still the one the log holds
+    if hp.run_id and log_path.exists():  # a resume continues its own log, if the script is still the log's
         same_script = meta and meta["source_sha256"] == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
         if not (meta and meta["run_id"] == hp.run_id and same_script):
             raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} already exists; choose another RUN_ID or move the "
@@ -1269,10 +1237,8 @@ def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
                               "attention's 256; use more NUM_HEADS, or BF16=0 (math attention, slow)")
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cuda.enable_flash_sdp(True)
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        torch.backends.cuda.enable_mem_efficient_sdp(False)
-        torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash takes only 16-bit inputs
+        for kind, on in (("flash", True), ("cudnn", False), ("mem_efficient", False), ("math", not layout.use_bf16)):
+            getattr(torch.backends.cuda, f"enable_{kind}_sdp")(on)  # flash takes only 16-bit inputs: math for fp32
     if layout.distributed:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
@@ -1302,17 +1268,17 @@ def phase_at(progress: float, hp: Hyperparameters) -> tuple[bool, int]:
 def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
-def warmup(run: Run, model: nn.Module, loader: DistributedTokenLoader, optimizers) -> None:
-    """Prime compilation and the allocator in every phase training will reach (WARMUP_STEPS >= the
-    number of phases primes them all, so no switch recompiles inside the timed loop); then weights,
-    optimizer states and the data stream restart: these steps cost time but do not change the run."""
+def warmup(run: Run, model: nn.Module, next_batch, optimizers) -> None:
+    """Prime compilation and the allocator in every phase training will reach (WARMUP_STEPS >= the number of
+    phases primes them all: no switch recompiles in the timed loop); then weights, optimizer states and data
+    restart: these steps cost time but do not change the run."""
     hp = run.hp
     phases = list(dict.fromkeys(phase_at(f, hp) for f in sorted({0.0, hp.loop_start_frac, hp.qat_start_frac})))
     initial_model = copy.deepcopy(run.model.state_dict())
     initial_optimizers = [copy.deepcopy(opt.state_dict()) for opt in optimizers]
     for step in range(hp.warmup_steps):
         set_phase(run.model, *phases[step * len(phases) // hp.warmup_steps])
-        train_step(model, loader, optimizers, hp, run.layout, lr_scale=1.0)
+        train_step(model, next_batch, optimizers, hp, run.layout, lr_scale=1.0)
         if step + 1 in (1, hp.warmup_steps):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
     set_phase(run.model, *phases[0])
@@ -1322,13 +1288,46 @@ def warmup(run: Run, model: nn.Module, loader: DistributedTokenLoader, optimizer
     if run.layout.use_compile:
         run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
 
-def export_and_score(run: Run, state: LoopState, source: bytes) -> None:
-    """Export, then score what was exported: the number that counts is the round-tripped model's."""
+def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
+    """GPTQ's H = X^T X of every quantized matrix's inputs (summed over ranks) on GPTQ_CALIB_SEQS sequences:
+    the next training tokens, or the model's own samples; never validation tokens. The output head's inputs
+    (the final norm's output) stand for the tied embedding's."""
+    hp, layout, model = run.hp, run.layout, run.model
+    t0, seqs = time.perf_counter(), max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
+    if hp.gptq_calib == "train":
+        x = loader.next_batch(seqs * hp.train_seq_len * layout.world_size, hp.train_seq_len, 1)[0]
+    else:
+        bos = torch.full((seqs, 1), BOS_ID, device=layout.device)
+        x = generate(model, bos, hp.train_seq_len - 1, hp, layout, hp.gptq_temperature)
+    modules = {f"{name}.weight": m for name, m in model.named_modules()
+               if isinstance(m, CastedLinear) and is_quantized(m.weight)}
+    modules["tok_emb.weight" if model.lm_head is None else "lm_head.weight"] = model.final_norm
+    hessians = {}
+
+    def accumulate(module, inputs, output, name):  # a module run twice (depth recurrence) adds both inputs
+        x = (output if module is model.final_norm else inputs[0]).flatten(0, -2).float()
+        hessians[name] = hessians.get(name, 0) + x.T @ x
+    hooks = [m.register_forward_hook(lambda *a, name=name: accumulate(*a, name)) for name, m in modules.items()]
+    with torch.no_grad(), autocast(layout):
+        for batch in x.split(8):
+            model.logits(batch)
+    for hook in hooks:
+        hook.remove()
+    for H in hessians.values() if layout.distributed else []:
+        dist.all_reduce(H)
+    seconds = time.perf_counter() - t0
+    over = seconds > hp.gptq_reserve_seconds and hp.max_wallclock_seconds
+    run.log(f"gptq: calibrated {len(hessians)} matrices on {seqs * layout.world_size} {hp.gptq_calib} sequences in "
+            f"{seconds:.1f}s of the {hp.gptq_reserve_seconds:.0f}s reserved" + (": WARNING, raise it" if over else ""))
+    return hessians
+
+def export_and_score(run: Run, source: bytes, hessians=None) -> None:
+    """Export, then score what was exported (what counts): plain, sliding and with score-first TTT, as set."""
     hp, layout, log = run.hp, run.layout, run.log
     tag = f"int{hp.quant_bits}_{hp.compressor}"  # names the log lines: final_int6_lzma_roundtrip_exact
     artifact_path = Path(hp.log_dir) / f"{hp.run_id}_model.{tag}.ptz"
     if layout.is_main:
-        blob = save_artifact(run.model.state_dict(), artifact_path, hp)
+        blob = save_artifact(run.model.state_dict(), artifact_path, hp, hessians)
         total_bytes = len(source) + artifact_path.stat().st_size
         log(f"Serialized model {tag.replace('_', '+')}: {len(blob)} bytes")
         log(f"Code size: {len(source)} bytes")
@@ -1338,18 +1337,18 @@ def export_and_score(run: Run, state: LoopState, source: bytes) -> None:
             log(f"WARNING: submission is {total_bytes} bytes, over the 16,000,000-byte cap by "
                 f"{total_bytes - 16_000_000} bytes; it cannot be a record")
     barrier(layout)
-    run.model.load_state_dict(load_artifact(artifact_path), strict=True)
-    set_phase(run.model, state.loop_active, 0)  # the weights are quantized now: fake quantization is a no-op
-    for name, sliding in [("roundtrip", False)] + [("sliding_window", True)] * (hp.eval_stride > 0):
+    run.model.load_state_dict(load_artifact(artifact_path), strict=True)  # its loop phase too; QAT is off
+    if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
+        sample(run.model, run.tokenizer, hp, layout, log)
+    for name in ["roundtrip"] + ["sliding_window"] * (hp.eval_stride > 0) + ["ttt"] * hp.ttt:
         synchronize(layout.device)
-        t_eval = time.perf_counter()
-        val_loss, val_bpb = evaluate(run.compiled, run.val_tokens, run.val_bytes, hp, layout, sliding)
+        t_eval, scored = time.perf_counter(), (run.compiled, run.val_tokens, run.val_bytes, hp, layout)
+        sums = test_time_train(*scored, run.trainer).sum(0) if name == "ttt" else score(*scored, name != "roundtrip")
+        val_loss, val_bpb = metrics(sums)
         synchronize(layout.device)
         log(f"final_{tag}_{name} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"eval_time:{1000.0 * (time.perf_counter() - t_eval):.0f}ms")
         log(f"final_{tag}_{name}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-    if hp.sample_every > 0 and layout.is_main:  # what the exported model writes
-        sample(run.model, run.tokenizer, hp, layout, log)
 
 def main() -> None:
     run = setup()
@@ -1370,19 +1369,20 @@ def main() -> None:
         torch._dynamo.config.cache_size_limit = 64
         compiled = run.compiled = torch.compile(base_model, dynamic=False, fullgraph=True)
         muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
-    model = compiled
-    if layout.distributed:  # no buffer broadcast: every rank holds the same RoPE tables and phase flags
-        model = DDP(compiled, device_ids=[layout.local_rank] if device.type == "cuda" else None,
-                    broadcast_buffers=False)
+    # DDP without buffer broadcast: every rank holds the same RoPE tables and phase flags
+    model = run.trainer = DDP(compiled, device_ids=[layout.local_rank] if device.type == "cuda" else None,
+                              broadcast_buffers=False) if layout.distributed else compiled
+    batches = lambda loader: lambda: loader.next_batch(hp.train_batch_tokens, hp.train_seq_len, layout.grad_accum_steps)
     if hp.warmup_steps > 0:
-        warmup(run, model, DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device), optimizers)
+        warmup(run, model, batches(DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)),
+               optimizers)
     loader = DistributedTokenLoader(train_pattern, layout.rank, layout.world_size, device)
     ema = EMA(base_model, hp.ema_decay) if hp.ema_decay > 0 else None
     state, stop_after_step = LoopState(), None
     if hp.resume:
         state = load_checkpoint(Path(hp.resume), layout, base_model, optimizers[0], muon, ema, loader)
         log(f"resume: from {hp.resume} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
-        if hp.max_wallclock_seconds > 0 and state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
+        if state.elapsed_ms >= hp.budget_ms:
             stop_after_step = state.step  # the budget was spent before the checkpoint
     if not hp.resume:  # a phase that starts at 0 is on from the first step
         looping, qat_bits = phase_at(0.0, hp)
@@ -1414,25 +1414,21 @@ def main() -> None:
             t0 = time.perf_counter()
         if last_step:
             if stop_after_step is not None and step < hp.iterations:
-                log(f"stopping_early: wallclock_cap train_time:{state.training_time_ms:.0f}ms "
-                    f"step:{step}/{hp.iterations}")
+                log(f"stopping_early: wallclock_cap train_time:{state.training_time_ms:.0f}ms step:{step}/{hp.iterations}")
             break
         for group in muon.param_groups:
             group["momentum"] = muon_momentum(step, hp)
         lr_scale = lr_schedule(step, state.elapsed_ms, hp)
-        train_loss = train_step(model, loader, optimizers, hp, layout, lr_scale)
+        train_loss = train_step(model, batches(loader), optimizers, hp, layout, lr_scale)
         if ema:
             ema.update(base_model)
         state.step = step = step + 1
         state.elapsed_ms = state.training_time_ms + 1000.0 * (time.perf_counter() - t0)
         if hp.train_log_every > 0 and (step <= 10 or step % hp.train_log_every == 0):
             tokens_per_s = hp.train_batch_tokens * step / (state.elapsed_ms / 1000.0)
-            line = (f"step:{step}/{hp.iterations} train_loss:{train_loss.item():.4f} "
-                    f"train_time:{state.elapsed_ms:.0f}ms step_avg:{state.elapsed_ms / step:.2f}ms tok/s:{tokens_per_s:.0f}")
-            if peak is not None:
-                mfu = count_flops_per_token(base_model, hp) * tokens_per_s / (peak * layout.world_size)
-                line += f" mfu:{100 * mfu:.1f}%"
-            log(line)
+            mfu = count_flops_per_token(base_model, hp) * tokens_per_s / (peak * layout.world_size) if peak else None
+            log(f"step:{step}/{hp.iterations} train_loss:{train_loss.item():.4f} train_time:{state.elapsed_ms:.0f}ms "
+                f"step_avg:{state.elapsed_ms / step:.2f}ms tok/s:{tokens_per_s:.0f}" + (f" mfu:{100 * mfu:.1f}%" if mfu else ""))
         # one clock, signal and health verdict for all ranks: the same LR, phase, stop and checkpoint everywhere
         agreed = torch.tensor([state.elapsed_ms, stop_signal.signum], dtype=torch.float64,
                               device="cpu" if device.type == "mps" else device)  # MPS has no float64
@@ -1446,8 +1442,7 @@ def main() -> None:
             raise ConfigError(f"training diverged: train_loss is not finite at step:{step} (LR multiplier {lr_scale:.4f}; "
                               f"learning rates {lrs} for the embedding, scalars, [head,] matrices). No artifact was written; "
                               "lower MATRIX_LR / TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM, and resume a checkpoint if any")
-        if stop_after_step is None and hp.max_wallclock_seconds > 0 and \
-                state.elapsed_ms >= 1000.0 * hp.max_wallclock_seconds:
+        if stop_after_step is None and state.elapsed_ms >= hp.budget_ms:
             stop_after_step = step
         looping, qat_bits = phase_at(training_progress(step, state.elapsed_ms, hp), hp)
         run_ends = step >= hp.iterations or stop_after_step is not None  # no phase the model never trained in
@@ -1476,7 +1471,8 @@ def main() -> None:
             synchronize(device)
             t0 = time.perf_counter()
 
-    stop_signal.release()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # nothing can be checkpointed now: a signal stops the export
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if layout.use_compile:
         log(f"compile: {compiled_graphs()} graphs after training")
     if device.type == "cuda":
@@ -1484,7 +1480,8 @@ def main() -> None:
             f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
     if ema:
         ema.swap(base_model)
-    export_and_score(run, state, source)
+    set_phase(base_model, state.loop_active, 0)  # calibration and export see the model as trained, without QAT
+    export_and_score(run, source, calibrate(run, loader) if hp.gptq else None)
     if layout.use_compile:
         log(f"compile: {compiled_graphs()} graphs after the final evaluations")
     if layout.distributed:

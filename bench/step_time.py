@@ -29,14 +29,15 @@ def time_mode(environ: dict, warmup: int, steps: int) -> dict:
     if layout.use_compile:
         muon.orthogonalize = torch.compile(tg.zeropower_via_newtonschulz5)
     loader = tg.DistributedTokenLoader(os.path.join(hp.data_path, "fineweb_train_*.bin"), 0, 1, layout.device)
+    batches = lambda: loader.next_batch(hp.train_batch_tokens, hp.train_seq_len, layout.grad_accum_steps)  # noqa: E731
     t0 = time.perf_counter()
     for _ in range(warmup):
-        tg.train_step(step_model, loader, optimizers, hp, layout, lr_scale=1.0)
+        tg.train_step(step_model, batches, optimizers, hp, layout, lr_scale=1.0)
     tg.synchronize(layout.device)
     warmup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
-        loss = tg.train_step(step_model, loader, optimizers, hp, layout, lr_scale=1.0)
+        loss = tg.train_step(step_model, batches, optimizers, hp, layout, lr_scale=1.0)
     tg.synchronize(layout.device)
     step_ms = 1000 * (time.perf_counter() - t0) / steps
     tokens_per_s = hp.train_batch_tokens / (step_ms / 1000)

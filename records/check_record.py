@@ -255,14 +255,15 @@ def deep_check(folder, runs, data_path, tokenizer_path, tolerance, notes) -> lis
                          f"(make the record with --copy-artifacts, or put it in the folder)")
             continue
         threads = re.search(r"(\d+) torch threads per process", run.hardware)
-        # the round-trip line always; the sliding-window line too when it is the run's score
-        checks = [(False, run.roundtrip_val_bpb, "round-trip")]
-        if "sliding_window" in (run.score_name or ""):
-            checks.append((True, run.val_bpb, "sliding-window"))
-        for sliding, claimed, what in checks:
+        # the round-trip line always; the sliding-window or test-time-training line too when it is the score
+        checks = [("roundtrip", run.roundtrip_val_bpb, "round-trip")]
+        for mode, what in (("sliding", "sliding-window"), ("ttt", "test-time-training")):
+            if ("_ttt_" if mode == "ttt" else "sliding_window") in (run.score_name or ""):
+                checks.append((mode, run.val_bpb, what))
+        for mode, claimed, what in checks:
             try:
                 _, val_bpb = evaluate_artifact(folder / "train_gpt.py", model_file, run.hyperparameters,
-                                               run.layout, data_path, tokenizer_path, sliding=sliding,
+                                               run.layout, data_path, tokenizer_path, mode=mode,
                                                cpu_threads=int(threads.group(1)) if threads else None)
             except DeepCheckUnavailable as e:
                 notes.append(f"deep check of {run.path.name} ({what}) skipped: {e}")

@@ -3,7 +3,8 @@
 The record's script is imported by path (its top level has no side effects), so the model is built,
 loaded and evaluated by exactly the code that produced the claim. It needs from that script:
 Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, Layout(...), evaluate(model,
-val_tokens, luts, hp, layout) -> (val_loss, val_bpb), and either load_tokenizer(path, vocab_size) and
+val_tokens, luts, hp, layout) -> (val_loss, val_bpb) (for test-time training: test_time_train(...) -> per-chunk
+sums and metrics(sums)), and either load_tokenizer(path, vocab_size) and
 load_validation(pattern, seq_len, tokenizer) -> (val_tokens, bytes per position), or (older scripts)
 load_tokenizer_luts(path, vocab_size) and load_validation_tokens(pattern, seq_len).
 """
@@ -52,10 +53,11 @@ def resolve_input(value, override, what: str) -> str:
 
 
 def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_logged: dict,
-                      data_path=None, tokenizer_path=None, cpu_threads=None, sliding=False) -> tuple[float, float]:
+                      data_path=None, tokenizer_path=None, cpu_threads=None, mode="roundtrip") -> tuple[float, float]:
     """(val_loss, val_bpb) of the model file, evaluated in this process by the record's script;
     on CPU with the run's thread count (more threads than cores crawl on a busy machine).
-    sliding=True re-scores the sliding-window line, with a script whose evaluate() has that option."""
+    mode "sliding" re-scores the sliding-window line, with a script whose evaluate() has that option;
+    "ttt" re-runs score-first test-time training, with a script that has test_time_train()."""
     mod = import_script(Path(script_path))
     import torch
 
@@ -63,14 +65,16 @@ def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_log
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     try:
-        return _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, sliding)
+        return _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, mode)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, sliding):
-    if sliding and "sliding" not in inspect.signature(mod.evaluate).parameters:
+def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, mode):
+    if mode == "sliding" and "sliding" not in inspect.signature(mod.evaluate).parameters:
         raise DeepCheckUnavailable("the record's evaluate() has no sliding-window option")
+    if mode == "ttt" and not hasattr(mod, "test_time_train"):
+        raise DeepCheckUnavailable("the record's script has no test_time_train()")
 
     names = {f.name for f in dataclasses.fields(mod.Hyperparameters)}
     hp = mod.Hyperparameters(**{k: v for k, v in hyperparameters.items() if k in names})
@@ -85,11 +89,13 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
                         grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
     pattern = os.path.join(hp.data_path, "fineweb_val_*.bin")
     if hasattr(mod, "load_tokenizer"):  # scripts since 2026-11-23: the bytes behind each position, checked
-        val_tokens, luts = mod.load_validation(pattern, hp.train_seq_len, mod.load_tokenizer(hp.tokenizer_path,
-                                                                                             hp.vocab_size))
+        seq_len = max(hp.train_seq_len, getattr(hp, "eval_seq_len", 0))  # as setup() cuts the split
+        val_tokens, luts = mod.load_validation(pattern, seq_len, mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size))
     else:  # per-id tables
         luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
         val_tokens = mod.load_validation_tokens(pattern, hp.train_seq_len)
     model = mod.GPT(hp).to(device)
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
-    return mod.evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if sliding else {}))
+    if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
+        return mod.metrics(mod.test_time_train(model, val_tokens, luts, hp, layout).sum(0))
+    return mod.evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if mode == "sliding" else {}))

@@ -6,10 +6,10 @@ run layout, then the step lines and the export/round-trip lines. The line format
 users grep, so this parser accepts exactly those names and ignores any line it does not know
 (nvidia-smi output, warnings).
 
-The score of a run is its last `final_*sliding_window*_exact` line when the script evaluates with
-a sliding window, else its last `final_*_roundtrip_exact` line: both score the artifact after the
-compress -> reload round trip, and a sliding window is the evaluation the record chose to be scored
-by. Every other tool (make, check, compare, summarize) reads runs through `parse_log`.
+The score of a run is its last `final_*_ttt_exact` line when the script ran score-first test-time
+training, else its last `final_*sliding_window*_exact` line when it evaluated with a sliding window,
+else its last `final_*_roundtrip_exact` line: all score the artifact after the compress -> reload
+round trip, and the last evaluation a run made is the one its record chose to be scored by. Every other tool (make, check, compare, summarize) reads runs through `parse_log`.
 """
 
 import hashlib
@@ -109,7 +109,7 @@ class RunLog:
     def score_name(self) -> str | None:
         """The final line that scores this run (see the module docstring), or None if unfinished."""
         exact = [name for name in self.finals if name.endswith("_exact")]
-        for kind in ("sliding_window", "roundtrip"):
+        for kind in ("_ttt_", "sliding_window", "roundtrip"):
             named = [name for name in exact if kind in name]
             if named:
                 return named[-1]

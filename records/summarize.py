@@ -78,7 +78,7 @@ def sort_key(run):
 def table(runs) -> str:
     changes = {run.run_id: changed_settings(run) for run in runs}
     common = shared_settings(changes)
-    has_sliding = any(run.score_name and "sliding_window" in run.score_name for run in runs)
+    has_sliding = any(run.score_name and "roundtrip" not in run.score_name for run in runs)  # sliding or TTT
     header = ["run_id", "changed", "steps", "step_avg", "roundtrip_bpb"] + (["score_bpb"] if has_sliding else []) \
         + ["artifact_bytes"]
     rows = []

@@ -15,14 +15,16 @@ import train_gpt as tg
 from conftest import ROOT, run_trainer
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
+TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
 # EMA, late QAT and every model/optimizer technique on, so their state has to survive the resume too;
-# the depth recurrence switches on at step 12, between the checkpoint at 10 and the end
+# the depth recurrence switches on at step 12, between the checkpoint at 10 and the end; TTT after the export
 EVERY_TECHNIQUE = dict(NUM_LAYERS="3", MLP_LEAKY_SLOPE="0.5", ROPE_DIMS="8", LN_SCALE="1", XSA_LAST_N="2",
                        SMEAR_GATE="1", BIGRAM_BUCKETS="64", BIGRAM_DIM="16", LOOP_START="1", LOOP_END="1",
                        LOOP_REPEATS="1", LOOP_START_FRAC="0.6", PARALLEL_FROM="2", MUON_WD="0.05", EMBED_WD="0.05",
                        SCALAR_WD="0.01", MUON_ROW_NORM="1", MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR_SCALE="0.1")
 LONG_RUN = dict(ITERATIONS="20", SAVE_EVERY="5", KEEP_CHECKPOINTS="3", EMA_DECAY="0.9", QAT_START_FRAC="0.3",
-                QUANT_BITS="6", VAL_LOSS_EVERY="10", **EVERY_TECHNIQUE)
+                QUANT_BITS="6", VAL_LOSS_EVERY="10", TTT="1", TTT_CHUNK_TOKENS="2048", TTT_LR="0.01",
+                **EVERY_TECHNIQUE)
 
 
 def artifact_sha(cwd, run_id) -> str:
@@ -43,6 +45,8 @@ def test_periodic_checkpoints_keep_the_newest(straight_run):
     assert [f.name for f in folders] == ["step_000010", "step_000015", "step_000020"]
     meta = json.loads((folders[0] / "meta.json").read_text())
     assert meta["step"] == 10 and meta["qat_active"] is True and meta["training_time_ms"] > 0
+    assert TTT_RE.search(out.stdout) and re.search(r"final_int6_zlib_ttt val_loss:\S+ val_bpb:\S+ eval_time:\d+ms",
+                                                    out.stdout)
 
 
 def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
@@ -52,6 +56,7 @@ def test_resume_is_bitwise_identical_on_one_process(straight_run, tiny_data):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resume: from checkpoints/straight/step_000010 at step:10" in resumed.stdout
     assert FINAL_RE.search(resumed.stdout).group(0) == FINAL_RE.search(out.stdout).group(0)
+    assert TTT_RE.search(resumed.stdout).group(0) == TTT_RE.search(out.stdout).group(0)
     assert artifact_sha(cwd, "resumed") == artifact_sha(cwd, "straight"), "the exported weights differ"
 
 
@@ -64,8 +69,10 @@ def test_resume_on_two_processes(straight_run, tiny_data, tmp_path):
     assert abs(straight - resumed) < 1e-6
     one_process = float(FINAL_RE.search(straight_run[1].stdout).group(1))
     assert abs(straight - one_process) < 1e-4, "1 and 2 processes, every technique on"
+    ttt_pair, ttt_one = (float(TTT_RE.search(o.stdout).group(1)) for o in (outs[0], straight_run[1]))
+    assert abs(ttt_pair - ttt_one) < 1e-4, "test-time training: 2 ranks average the gradient 1 process takes"
+    assert ttt_one != float(FINAL_RE.search(straight_run[1].stdout).group(1)), "TTT changed nothing"
     assert artifact_sha(tmp_path, "pair2") == artifact_sha(tmp_path, "pair"), "same world size: bitwise too"
-    assert len(list((tmp_path / "checkpoints" / "pair" / "step_000010").glob("muon_rank*.pt"))) == 2
 
 
 def tiny_training(tiny_data, tmp_path, **overrides):
@@ -82,14 +89,14 @@ def tiny_training(tiny_data, tmp_path, **overrides):
 
 def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
     hp, layout, model, (adam, muon), _, loader = tiny_training(tiny_data, tmp_path)
-    tg.train_step(model, loader, [adam, muon], hp, layout, 1.0)
+    tg.train_step(model, lambda: loader.next_batch(512, hp.train_seq_len, 1), [adam, muon], hp, layout, 1.0)
     first = tg.save_checkpoint(hp, layout, model, adam, muon, None, tg.LoopState(step=1), loader, "sha")
-    tg.train_step(model, loader, [adam, muon], hp, layout, 1.0)
+    tg.train_step(model, lambda: loader.next_batch(512, hp.train_seq_len, 1), [adam, muon], hp, layout, 1.0)
     real_save, calls = torch.save, []
 
-    def dying_save(obj, path, *args, **kwargs):  # the second file of the checkpoint never gets written
+    def dying_save(obj, path, *args, **kwargs):  # the checkpoint's state.pt never gets written
         calls.append(path)
-        if len(calls) == 2:
+        if len(calls) == 1:
             raise OSError("killed mid-write")
         return real_save(obj, path, *args, **kwargs)
 

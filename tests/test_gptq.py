@@ -1,22 +1,18 @@
-"""The GPTQ prototype (bench/gptq.py), on the properties the export will rely on."""
+"""GPTQ=1: the quantizer's properties, its calibration, and the artifact it writes."""
 
-import sys
+import copy
 
 import pytest
 import torch
 
 import train_gpt as tg
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-from gptq import gptq_rows  # noqa: E402
 
 
 @pytest.mark.parametrize("bits", [4, 6])
 def test_identity_hessian_is_round_to_nearest(bits):
     torch.manual_seed(0)
     w = torch.randn(48, 200)
-    q, scale = gptq_rows(w, torch.eye(200), bits)
+    q, scale = tg.gptq_quantize(w, torch.eye(200), bits, damp=0.01)
     expected_q, expected_scale = tg.quantize_rows(w, bits)
     assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
 
@@ -24,10 +20,11 @@ def test_identity_hessian_is_round_to_nearest(bits):
 @pytest.mark.parametrize("bits", [4, 5, 6])
 def test_correlated_inputs_lose_less_than_round_to_nearest(bits):
     torch.manual_seed(1)
-    w = torch.randn(64, 256)
-    x = torch.randn(2048, 24) @ torch.randn(24, 256) + 0.1 * torch.randn(2048, 256)  # inputs on a low-rank subspace
-    q, scale = gptq_rows(w, (x.T @ x).double(), bits)
+    w = torch.randn(64, 300)  # 300 columns: three blocks of 128, the last one partial
+    x = torch.randn(2048, 24) @ torch.randn(24, 300) + 0.1 * torch.randn(2048, 300)  # inputs on a low-rank subspace
+    q, scale = tg.gptq_quantize(w, x.T @ x, bits, damp=0.01)
     rtn_q, rtn_scale = tg.quantize_rows(w, bits)
+    assert torch.equal(scale, rtn_scale), "the clip search's scales: the artifact format does not change"
     assert q.abs().max() <= 2 ** (bits - 1) - 1 and torch.equal(q, q.round())
     gptq_error = (x @ (q * scale[:, None]).T - x @ w.T).norm()
     rtn_error = (x @ (rtn_q * rtn_scale[:, None]).T - x @ w.T).norm()
@@ -39,5 +36,78 @@ def test_dead_inputs_are_zeroed():
     torch.manual_seed(2)
     w, x = torch.randn(16, 64), torch.randn(500, 64)
     x[:, 5] = 0
-    q, _ = gptq_rows(w, (x.T @ x).double(), 6)
+    q, _ = tg.gptq_quantize(w, x.T @ x, 6, damp=0.01)
     assert (q[:, 5] == 0).all() and (q[:, :5] != 0).any()
+
+
+def calibration_run(tiny_data, **settings):
+    """A Run on the tiny data with a model wide enough that its MLP matrices are quantized (> 16,384 weights)."""
+    env = tiny_data.env(MODEL_DIM="128", NUM_HEADS="4", NUM_KV_HEADS="2", GPTQ="1", GPTQ_CALIB_SEQS="6", **settings)
+    run = tg.setup(env)
+    torch.manual_seed(0)
+    run.model, run.log = tg.GPT(run.hp), tg.RunLog(None)
+    for p in run.model.parameters():  # a model whose every layer does something (the init zeroes projections)
+        torch.nn.init.normal_(p, std=0.05)
+    loader = tg.DistributedTokenLoader(str(tiny_data.data_path / "fineweb_train_*.bin"))
+    return run, loader
+
+
+@pytest.mark.parametrize("source", ["train", "selfgen"])
+def test_calibration_covers_every_quantized_matrix_and_never_reads_validation(tiny_data, source):
+    run, loader = calibration_run(tiny_data, GPTQ_CALIB=source)
+    hessians = tg.calibrate(run, loader)
+    quantized = {name for name, t in run.model.state_dict().items() if tg.is_quantized(t)} - {"bigram.weight"}
+    assert set(hessians) == quantized and "tok_emb.weight" in hessians and "blocks.0.mlp.fc.weight" in hessians
+    tokens = 6 * run.hp.train_seq_len
+    for name, H in hessians.items():
+        assert H.shape == (run.model.state_dict()[name].size(1),) * 2 and torch.allclose(H, H.T)
+        assert torch.linalg.eigvalsh(H.double()).min() > -1e-3 * H.diagonal().mean()
+    # the tied embedding's X is the head's input, the final norm's output: every row has mean square 1
+    assert hessians["tok_emb.weight"].trace().item() == pytest.approx(tokens * run.hp.model_dim, rel=1e-3)
+    # the same calibration with different validation tokens (and none on disk) gives the same Hessians
+    run2, loader2 = calibration_run(tiny_data, GPTQ_CALIB=source)
+    run2.val_tokens = torch.randint_like(run2.val_tokens, 2, tiny_data.vocab_size)
+    for path in tiny_data.data_path.glob("fineweb_val_*.bin"):
+        path.rename(path.with_suffix(".hidden"))
+    try:
+        again = tg.calibrate(run2, loader2)
+    finally:
+        for path in tiny_data.data_path.glob("fineweb_val_*.hidden"):
+            path.rename(path.with_suffix(".bin"))
+    assert all(torch.equal(hessians[name], again[name]) for name in hessians)
+
+
+def test_gptq_artifact_round_trips_through_the_safe_loader(tiny_data, tmp_path):
+    run, loader = calibration_run(tiny_data)
+    hessians = tg.calibrate(run, loader)
+    state = run.model.state_dict()
+    run.hp.quant_bits, run.hp.embed_quant_bits = 5, 6
+    tg.save_artifact(state, tmp_path / "gptq.ptz", run.hp, hessians)
+    tg.save_artifact(state, tmp_path / "rtn.ptz", run.hp)
+    gptq, rtn = tg.load_artifact(tmp_path / "gptq.ptz"), tg.load_artifact(tmp_path / "rtn.ptz")
+    stored = tg.quantize_state_dict(state, 5, 6, hessians)
+    assert all(stored["ints"][name].abs().max() <= (15 if name != "tok_emb.weight" else 31) for name in hessians)
+    for name in state:
+        if name in hessians:  # exactly the integers times the stored scales
+            ints, scales = stored["ints"][name].float(), stored["scales"][name].float()
+            assert torch.equal(gptq[name], ints * scales[:, None])
+            assert torch.equal(stored["scales"][name], tg.quantize_state_dict({name: state[name]}, 5, 6)["scales"][name])
+            assert not torch.equal(gptq[name], rtn[name]), f"{name}: GPTQ changed no rounding"
+        else:
+            assert torch.equal(gptq[name], rtn[name])
+    model = copy.deepcopy(run.model)
+    model.load_state_dict(gptq, strict=True)
+
+
+def test_gptq_run_end_to_end(tiny_data, tmp_path):
+    """GPTQ=1 on training batches, with its reserve: the run logs the calibration and scores the artifact."""
+    from conftest import run_trainer
+
+    out = run_trainer(tiny_data.env(RUN_ID="gptq", GPTQ="1", GPTQ_CALIB_SEQS="8", ITERATIONS="200",
+                                    MAX_WALLCLOCK_SECONDS="3", GPTQ_RESERVE_SECONDS="1"), tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "gptq: calibrated 1 matrices on 8 train sequences in" in out.stdout  # width 64: only the embedding
+    assert "of the 1s reserved" in out.stdout and "final_int8_zlib_roundtrip_exact" in out.stdout
+    stopped = [line for line in out.stdout.splitlines() if line.startswith("stopping_early")]
+    assert stopped and 2000 <= float(stopped[0].split("train_time:")[1].split("ms")[0]) < 3000, \
+        "training stops at MAX_WALLCLOCK_SECONDS - GPTQ_RESERVE_SECONDS, a step after 2 s"

@@ -170,16 +170,24 @@ CASES = {
     "RUN_ID too long": (lambda ws: then(RUN_ID="r" * 300), r"RUN_ID='r+' .* at most 200 characters"),
     "EVAL_SEQ_LEN longer than the validation split": (lambda ws: then(EVAL_SEQ_LEN="1000000"),
                                                       r"not one window of 1000000 \+ 1 with text"),
-    "checkpoint without a Muon file": (
-        lambda ws: then((ws / CHECKPOINT / "muon_rank0.pt").unlink(), RESUME=ws / CHECKPOINT),
-        r"the checkpoint is damaged \(FileNotFoundError"),
+    "checkpoint without Muon's state": (
+        lambda ws: then(drop_state(ws, "muon"), RESUME=ws / CHECKPOINT),
+        r"the checkpoint is damaged \(ValueError: its state.pt holds \['adam', 'cuda_rng', 'ema', 'model', 'rng'\]"),
     "checkpoint of other training data": (
         lambda ws: then(edit_meta(ws, loader=[0, 10 ** 9]), RESUME=ws / CHECKPOINT),
         r"the checkpoint is damaged \(ValueError: its data position \[0, 1000000000\] is not in DATA_PATH"),
     "checkpoint meta without its run": (lambda ws: then(edit_meta(ws, run_id=None), RESUME=ws / CHECKPOINT),
-                                        r"the checkpoint is damaged \(KeyError: 'run_id'"),
+                                        r"the checkpoint is damaged \(ValueError: its state.pt holds .* its meta.json \['elapsed_ms', 'hyperparameters'"),
 }
 CHECKPOINT = "checkpoints/earlier/step_000004"
+
+
+def drop_state(ws, key):
+    """Remove one entry of the earlier run's checkpoint state.pt, as a checkpoint of an older script lacks it."""
+    path = ws / CHECKPOINT / "state.pt"
+    state = torch.load(path, weights_only=True)
+    del state[key]
+    torch.save(state, path)
 
 
 def edit_meta(ws, **changes):

@@ -157,6 +157,16 @@ def test_score_is_the_sliding_window_line_when_present(tmp_path):
     assert run.export_family == "int6+lzma" and run.eval_time_ms == 90_000.0
 
 
+def test_score_is_the_test_time_training_line_when_present(tmp_path):
+    path = write_log(tmp_path / "a.txt", family="int6_lzma", sliding=(1.98, 1.1725))
+    with path.open("a") as f:
+        f.write("final_int6_lzma_ttt val_loss:1.9500 val_bpb:1.1550 eval_time:400000ms\n"
+                "final_int6_lzma_ttt_exact val_loss:1.95000000 val_bpb:1.15500000\n")
+    run = runlog.parse_log(path)
+    assert (run.score_name, run.val_bpb, run.eval_time_ms) == ("int6_lzma_ttt_exact", 1.155, 400000.0)
+    assert run.roundtrip_val_bpb == 1.2144
+
+
 def test_parser_rejects_a_log_whose_source_was_edited(tmp_path):
     log = write_log(tmp_path / "a.txt")
     log.write_bytes(log.read_bytes().replace(b"num_layers: int = 9", b"num_layers: int = 8"))
@@ -243,7 +253,8 @@ def test_make_never_overwrites_and_refuses_mixed_or_duplicate_runs(tmp_path):
 
 TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", MLP_MULT="2", TRAIN_SEQ_LEN="64",
                 TRAIN_BATCH_TOKENS="1024", VAL_BATCH_SIZE="8192", ITERATIONS="6", WARMUP_STEPS="0",
-                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0")
+                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT="1", TTT_CHUNK_TOKENS="1024",
+                TTT_LR="0.01")  # the score is test-time training's, which a deep check must re-run
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +289,7 @@ def test_real_run_makes_a_record_that_passes(tiny_record, tiny_runs):
     sub = json.loads((tiny_record / "submission.json").read_text())
     for result, log in zip(sub["results"], tiny_runs):  # the claims, read from the logs by a separate regex
         text = log.read_text()
-        loss, bpb = re.search(r"^final_\w+_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", text, re.M).groups()
+        loss, bpb = re.search(r"^final_\w+_ttt_exact val_loss:(\S+) val_bpb:(\S+)$", text, re.M).groups()
         total = re.search(r"^Total submission size \S+: (\d+) bytes$", text, re.M).group(1)
         assert (result["val_loss"], result["val_bpb"], result["artifact_bytes"]) == (float(loss), float(bpb), int(total))
         model = tiny_record / Path(re.search(r"^artifact: (\S+) bytes:", text, re.M).group(1)).name
@@ -308,11 +319,12 @@ def test_check_catches_a_swapped_script(tiny_record):
 def test_deep_check_recomputes_the_score_and_catches_a_forged_claim(tiny_record):
     notes = []
     assert check_record.check_folder(tiny_record, deep=True, notes=notes) == []
-    assert len(notes) == 2 and all("recomputed" in n for n in notes)
+    assert len(notes) == 4 and all("recomputed" in n for n in notes)  # round trip and TTT, of each seed
+    assert sum("test-time-training val_bpb" in n for n in notes) == 2
     # Forge a better score in the log and in submission.json alike: only re-scoring can tell.
     log = tiny_record / "tiny_seed7.txt"
     text = log.read_text()
-    m = re.search(r"^final_\w+_roundtrip_exact val_loss:\S+ val_bpb:(\S+)$", text, re.M)
+    m = re.search(r"^final_\w+_ttt_exact val_loss:\S+ val_bpb:(\S+)$", text, re.M)
     claimed = float(m.group(1))
     log.write_text(text[:m.start(1)] + f"{claimed - 0.05:.8f}" + text[m.end(1):])
 

@@ -179,10 +179,10 @@ def test_ranks_take_disjoint_contiguous_spans(tmp_path):
     for i, part in enumerate(stream.split([250, 0, 200, 250])):  # an empty shard is skipped
         write_datafile(tmp_path / f"fineweb_train_{i:06d}.bin", part.tolist())
     pattern = str(tmp_path / "fineweb_train_*.bin")
-    assert torch.equal(tg.TokenStream(pattern).take(1500).long(), torch.cat([stream] * 3)[:1500])
+    assert torch.equal(tg.DistributedTokenLoader(pattern).take(1500).long(), torch.cat([stream] * 3)[:1500])
     world_size, local_tokens = 2, 63
     loaders = [tg.DistributedTokenLoader(pattern, r, world_size, torch.device("cpu")) for r in range(world_size)]
-    single = tg.TokenStream(pattern)
+    single = tg.DistributedTokenLoader(pattern)
     for _ in range(8):  # 8 * 2 * 64 tokens > 700: wraps around
         spans = [loader.next_span(local_tokens).long() for loader in loaders]
         assert all(s.numel() == local_tokens + 1 for s in spans)
