@@ -197,6 +197,11 @@ class Hyperparameters:
             (self.max_wallclock_seconds and self.gptq_reserve_seconds >= self.max_wallclock_seconds,
              f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds} leaves no training time of MAX_WALLCLOCK_SECONDS="
              f"{self.max_wallclock_seconds}"),
+            (bool(self.gptq_reserve_seconds) != (self.gptq and self.gptq_calib == "train" and self.max_wallclock_seconds > 0),
+             f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds}: calibration on training data must fit the wallclock budget: "
+             "with GPTQ=1 GPTQ_CALIB=train and MAX_WALLCLOCK_SECONDS set, reserve seconds for it (e.g. 20), else none"),
+            (self.gptq and (not self.gptq_damp or not self.gptq_calib_seqs or not self.gptq_temperature), "GPTQ=1 needs "
+             "GPTQ_DAMP > 0 (H must be invertible), GPTQ_CALIB_SEQS > 0, GPTQ_TEMPERATURE > 0 (greedy samples are alike)"),
             (self.ttt and (not self.ttt_chunk_tokens or self.ttt_chunk_tokens % window), f"TTT_CHUNK_TOKENS="
              f"{self.ttt_chunk_tokens} must be a positive multiple of the eval window {window}: chunks train on whole sequences"),
             (self.ema_decay >= 1.0, f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 turns the EMA off, 0.997 is typical"),
@@ -272,10 +277,8 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    if device.type in ("cuda", "mps"):  # CPU work is already done when the call returns
+        getattr(torch, device.type).synchronize()
 
 def resolve_mode(setting: str, device: torch.device) -> bool:
     return setting == "1" if setting != "auto" else device.type == "cuda"
@@ -744,7 +747,7 @@ def score(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperpara
     first, last = (len(ends) * r // layout.world_size for r in (layout.rank, layout.rank + 1))
     # one batch shape, so one compiled eval graph: the last batch is padded with windows that score nothing
     batch_windows = max(1, hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len)
-    batch_windows = min(batch_windows, -(-len(ends) // layout.world_size))
+    batch_windows = min(batch_windows, -(-(len(range(seq_len, val_tokens.numel() - 1, stride)) + 1) // layout.world_size))
     acc = torch.device("cpu") if layout.device.type == "mps" else layout.device  # MPS has no float64
     sums = torch.zeros(3, dtype=torch.float64, device=acc)  # loss, tokens, bytes
     was_training = model.training
@@ -1001,7 +1004,8 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
         saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=True, mmap=True)
         (index, pos), shards = meta["loader"], sorted(glob.glob(os.path.join(hp.data_path, "fineweb_train_*.bin")))
         if {"model", "adam", "muon", "ema"} - saved.keys() or {"run_id", "source_sha256"} - meta.keys():
-            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
+            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}" + (" (an older "
+                             "train_gpt.py wrote it)" if (folder / "muon_rank0.pt").exists() else ""))
         if not (0 <= index < len(shards) and 0 <= pos <= len(shard_tokens(shards[index]))):
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
     except Exception as e:
@@ -1305,7 +1309,7 @@ def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
     hessians = {}
 
     def accumulate(module, inputs, output, name):  # a module run twice (depth recurrence) adds both inputs
-        x = (output if module is model.final_norm else inputs[0]).flatten(0, -2).float()
+        x = (output if module is model.final_norm else inputs[0]).flatten(0, -2).double()
         hessians[name] = hessians.get(name, 0) + x.T @ x
     hooks = [m.register_forward_hook(lambda *a, name=name: accumulate(*a, name)) for name, m in modules.items()]
     with torch.no_grad(), autocast(layout):
@@ -1315,10 +1319,8 @@ def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
         hook.remove()
     for H in hessians.values() if layout.distributed else []:
         dist.all_reduce(H)
-    seconds = time.perf_counter() - t0
-    over = seconds > hp.gptq_reserve_seconds and hp.max_wallclock_seconds
-    run.log(f"gptq: calibrated {len(hessians)} matrices on {seqs * layout.world_size} {hp.gptq_calib} sequences in "
-            f"{seconds:.1f}s of the {hp.gptq_reserve_seconds:.0f}s reserved" + (": WARNING, raise it" if over else ""))
+    run.log(f"gptq: matrices:{len(hessians)} calib:{hp.gptq_calib} sequences:{seqs * layout.world_size} "
+            f"calibration_time:{1000 * (time.perf_counter() - t0):.0f}ms reserved:{1000 * hp.gptq_reserve_seconds:.0f}ms")
     return hessians
 
 def export_and_score(run: Run, source: bytes, hessians=None) -> None:

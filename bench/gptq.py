@@ -1,17 +1,20 @@
 """GPTQ against round-to-nearest on a real model: what GPTQ=1 buys at each width.
 
     python bench/gptq.py logs/<run>_model.int6_lzma.ptz logs/<run>.txt [--reader old/train_gpt.py]
-        [--bits 6 5 4] [--calib-seqs 64] [--calib train|selfgen]
+        [--bits 6 5 4] [--calib-seqs 64] [--calib train|selfgen] [--compressor brotli]
+    python bench/gptq.py checkpoints/<run>/step_NNNNNN logs/<run>.txt ...   (the float weights of a checkpoint)
 
-The run's model is read back (its weights sit on its export's grid) and re-exported at each --bits
-width two ways, both by train_gpt.py's own code: round-to-nearest per row with the searched clip
+The run's model is read back (an artifact's weights sit on its export's grid; a checkpoint's are the
+trained floats) and re-exported at each --bits width two ways, both by train_gpt.py's own code: round-to-nearest per row with the searched clip
 (GPTQ=0), and GPTQ with the same per-row scales on Hessians from train_gpt.calibrate (GPTQ=1: the
 next training sequences, or the model's own samples; the tied embedding through the output head's
-inputs). Each model is scored with the plain validation eval.
+inputs). Each model is scored with the plain validation eval; its artifact's compressed bytes are
+given per parameter.
 """
 
 import argparse
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -33,6 +36,7 @@ def main() -> None:
     parser.add_argument("--bits", type=int, nargs="+", default=[6, 5, 4])
     parser.add_argument("--calib-seqs", type=int, default=64)
     parser.add_argument("--calib", choices=["train", "selfgen"], default="train")
+    parser.add_argument("--compressor", default="brotli", choices=list(tg.COMPRESSORS))
     args = parser.parse_args()
     reader = tg
     if args.reader:
@@ -42,7 +46,10 @@ def main() -> None:
     line = next(l for l in args.log.read_text().splitlines() if l.startswith("hyperparameters: "))
     hp = tg.Hyperparameters(**json.loads(line.removeprefix("hyperparameters: ")))
     layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
-    state = reader.load_artifact(args.artifact)
+    if args.artifact.is_dir():  # a checkpoint: the float weights as trained
+        state = torch.load(args.artifact / "state.pt", map_location="cpu", weights_only=True)["model"]
+    else:
+        state = reader.load_artifact(args.artifact)
     model = tg.GPT(hp)
     model.load_state_dict(state, strict=True)
     model.eval()
@@ -54,17 +61,21 @@ def main() -> None:
     loader = tg.DistributedTokenLoader(os.path.join(hp.data_path, "fineweb_train_*.bin"), 0, 1, layout.device)
     hessians = tg.calibrate(run, loader)  # what GPTQ=1 computes after training
     _, reference = tg.evaluate(model, val_tokens, val_bytes, hp, layout)
-    print(f"the artifact's model: val_bpb {reference:.5f} (plain eval)")
+    print(f"the model as read: val_bpb {reference:.5f} (plain eval)")
     for bits in args.bits:
         for method in ("round-to-nearest", "gptq"):
             t0 = time.perf_counter()
             exported = tg.quantize_state_dict(state, bits, hp.embed_quant_bits, hessians if method == "gptq" else None)
             quantized = tg.dequantize_state_dict(exported)
             seconds = time.perf_counter() - t0
+            buffer = io.BytesIO()
+            torch.save(exported, buffer)
+            blob = tg.COMPRESSORS[args.compressor][0](buffer.getvalue())
+            per_param = len(blob) / sum(t.numel() for t in state.values())
             model.load_state_dict(quantized, strict=True)
             _, bpb = tg.evaluate(model, val_tokens, val_bytes, hp, layout)
-            print(f"int{bits} {method:<16} val_bpb {bpb:.5f} (Δ {bpb - reference:+.5f}), quantized in {seconds:.1f} s",
-                  flush=True)
+            print(f"int{bits} {method:<16} val_bpb {bpb:.5f} (Δ {bpb - reference:+.5f}), {len(blob):,} bytes "
+                  f"{args.compressor} ({per_param:.3f} per parameter), quantized in {seconds:.1f} s", flush=True)
             model.load_state_dict(state, strict=True)
 
 

@@ -68,6 +68,10 @@ def check_run(run, track_name: str, track: dict) -> list[str]:
                         f"{limit_s} s (+{grace_ms:.0f}ms for the last step); "
                         + ("make each step cheaper: the step cap is the budget, the time limit a ceiling"
                            if "max_steps" in track else f"set MAX_WALLCLOCK_SECONDS={limit_s}"))
+    spent, reserved = (run.calibration.get(key, 0.0) for key in ("calibration_time_ms", "reserved_ms"))
+    if run.calibration.get("calib") == "train" and spent > reserved:
+        problems.append(f"{name}: GPTQ calibration read training data for {spent:.0f}ms after training, over the "
+                        f"{reserved:.0f}ms reserved from the budget; raise GPTQ_RESERVE_SECONDS, or use GPTQ_CALIB=selfgen")
     eval_limit_s = track.get("eval_time_limit_s")
     if eval_limit_s is not None and run.eval_time_ms is not None and run.eval_time_ms > 1000 * eval_limit_s:
         problems.append(f"{name}: eval_time {run.eval_time_ms:.0f}ms of {run.score_name} exceeds the "

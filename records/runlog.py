@@ -84,6 +84,7 @@ class RunLog:
     artifact_bytes: int | None = None
     artifact_sha256: str | None = None
     finals: dict = field(default_factory=dict)  # "int8_zlib_roundtrip_exact" -> fields
+    calibration: dict = field(default_factory=dict)  # GPTQ's: calibration_time_ms, reserved_ms
 
     @property
     def run_id(self) -> str:
@@ -214,6 +215,8 @@ def parse_line(run: RunLog, line: str) -> None:
         run.layout = parse_fields(line)
     elif m := re.fullmatch(r"model_params:(\d+)", line):
         run.model_params = int(m.group(1))
+    elif line.startswith("gptq:"):
+        run.calibration = parse_fields(line.removeprefix("gptq:"))
     elif line.startswith("stopping_early:"):
         run.stopping_early = parse_fields(line.removeprefix("stopping_early:"))
     elif m := re.fullmatch(r"Serialized model (\S+): (\d+) bytes", line):

@@ -99,6 +99,19 @@ def test_gptq_artifact_round_trips_through_the_safe_loader(tiny_data, tmp_path):
     model.load_state_dict(gptq, strict=True)
 
 
+@pytest.mark.parametrize("settings, message", [
+    (dict(GPTQ_RESERVE_SECONDS="20"), "GPTQ_RESERVE_SECONDS=20.0: calibration on training data must fit"),
+    (dict(GPTQ="1", MAX_WALLCLOCK_SECONDS="600"), "GPTQ_RESERVE_SECONDS=0.0: calibration on training data must fit"),
+    (dict(GPTQ="1", GPTQ_CALIB="selfgen", MAX_WALLCLOCK_SECONDS="600", GPTQ_RESERVE_SECONDS="20"),
+     "GPTQ_RESERVE_SECONDS=20.0: calibration on training data"),
+    (dict(GPTQ="1", GPTQ_DAMP="0"), "GPTQ=1 needs GPTQ_DAMP > 0"),
+    (dict(GPTQ="1", GPTQ_CALIB="selfgen", GPTQ_TEMPERATURE="0"), "GPTQ_TEMPERATURE > 0"),
+])
+def test_calibration_settings_that_would_break_the_rules_or_the_math_are_refused(settings, message):
+    with pytest.raises(tg.ConfigError, match=message):
+        tg.Hyperparameters.from_env({"MAX_WALLCLOCK_SECONDS": "0", **settings})
+
+
 def test_gptq_run_end_to_end(tiny_data, tmp_path):
     """GPTQ=1 on training batches, with its reserve: the run logs the calibration and scores the artifact."""
     from conftest import run_trainer
@@ -106,8 +119,8 @@ def test_gptq_run_end_to_end(tiny_data, tmp_path):
     out = run_trainer(tiny_data.env(RUN_ID="gptq", GPTQ="1", GPTQ_CALIB_SEQS="8", ITERATIONS="200",
                                     MAX_WALLCLOCK_SECONDS="3", GPTQ_RESERVE_SECONDS="1"), tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "gptq: calibrated 1 matrices on 8 train sequences in" in out.stdout  # width 64: only the embedding
-    assert "of the 1s reserved" in out.stdout and "final_int8_zlib_roundtrip_exact" in out.stdout
+    assert "gptq: matrices:1 calib:train sequences:8 calibration_time:" in out.stdout  # width 64: only the embedding
+    assert "reserved:1000ms" in out.stdout and "final_int8_zlib_roundtrip_exact" in out.stdout
     stopped = [line for line in out.stdout.splitlines() if line.startswith("stopping_early")]
     assert stopped and 2000 <= float(stopped[0].split("train_time:")[1].split("ms")[0]) < 3000, \
         "training stops at MAX_WALLCLOCK_SECONDS - GPTQ_RESERVE_SECONDS, a step after 2 s"

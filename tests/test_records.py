@@ -167,6 +167,15 @@ def test_score_is_the_test_time_training_line_when_present(tmp_path):
     assert run.roundtrip_val_bpb == 1.2144
 
 
+def test_check_refuses_calibration_on_training_data_past_its_reserve(tmp_path):
+    for spent, problems in ((25_000, 1), (15_000, 0)):
+        path = write_log(tmp_path / f"a{spent}.txt")
+        with path.open("a") as f:
+            f.write(f"gptq: matrices:55 calib:train sequences:64 calibration_time:{spent}ms reserved:20000ms\n")
+        found = check_record.check_run(runlog.parse_log(path), "track_10min_16mb", runlog.load_tracks()["track_10min_16mb"])
+        assert len(found) == problems and all("over the 20000ms reserved" in p for p in found), found
+
+
 def test_parser_rejects_a_log_whose_source_was_edited(tmp_path):
     log = write_log(tmp_path / "a.txt")
     log.write_bytes(log.read_bytes().replace(b"num_layers: int = 9", b"num_layers: int = 8"))

@@ -1,0 +1,80 @@
+"""What score-first test-time training (TTT=1) gains on a real model, and what it costs.
+
+    python bench/ttt.py logs/<run>_model.<export>.ptz logs/<run>.txt [--reader old/train_gpt.py]
+        [--chunks 8192 32768] [--lrs 0.002 0.005] [--epochs 1] [--params all] [--stride 0] [--compile]
+
+The run's exported model is read back and evaluated by train_gpt.py's own code: once without TTT
+(score(), plain windows or sliding with --stride), then with test_time_train() for every combination
+of chunk size, learning rate, epochs and adapted parameters, each from the same exported weights.
+Each line gives val_bpb, its change against no TTT, and the wall time of the whole evaluation.
+"""
+
+import argparse
+import copy
+import dataclasses
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import train_gpt as tg  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("log", type=Path, help="the run's log: its hyperparameters line gives the model's shape")
+    parser.add_argument("--reader", type=Path, help="the train_gpt.py that wrote the artifact, if its format is older")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.002, 0.005])
+    parser.add_argument("--epochs", type=int, nargs="+", default=[1])
+    parser.add_argument("--params", nargs="+", default=["all"], choices=["all", "blocks"])
+    parser.add_argument("--stride", type=int, default=0, help="EVAL_STRIDE for the scoring (0: plain windows)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (faster on CPU for width 256+)")
+    args = parser.parse_args()
+    reader = tg
+    if args.reader:
+        spec = importlib.util.spec_from_file_location("reader_train_gpt", args.reader)
+        reader = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(reader)
+    line = next(l for l in args.log.read_text().splitlines() if l.startswith("hyperparameters: "))
+    known = {f.name for f in dataclasses.fields(tg.Hyperparameters)}
+    hp = tg.Hyperparameters(**{k: v for k, v in json.loads(line.removeprefix("hyperparameters: ")).items() if k in known})
+    hp.eval_stride = args.stride
+    layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, args.compile, False)
+    state = reader.load_artifact(args.artifact)
+    tok = tg.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+    val_tokens, val_bytes = tg.load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"),
+                                               max(hp.train_seq_len, hp.eval_seq_len), tok)
+
+    def fresh():
+        model = tg.GPT(hp)
+        model.load_state_dict(state, strict=True)
+        return model, (torch.compile(model, dynamic=False) if args.compile else model)
+
+    t0 = time.perf_counter()
+    _, scorer = fresh()
+    _, reference = tg.metrics(tg.score(scorer, val_tokens, val_bytes, hp, layout, sliding=args.stride > 0))
+    print(f"no TTT: val_bpb {reference:.5f} ({'sliding, stride ' + str(args.stride) if args.stride else 'plain'}), "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    for chunk, lr, epochs, params in itertools.product(args.chunks, args.lrs, args.epochs, args.params):
+        settings = dict(ttt_chunk_tokens=chunk, ttt_lr=lr, ttt_epochs=epochs, ttt_params=params)
+        run_hp = copy.deepcopy(hp)
+        for name, value in settings.items():
+            setattr(run_hp, name, value)
+        _, model = fresh()
+        t0 = time.perf_counter()
+        _, bpb = tg.metrics(tg.test_time_train(model, val_tokens, val_bytes, run_hp, layout).sum(0))
+        print(f"TTT chunk {chunk} lr {lr} epochs {epochs} params {params}: val_bpb {bpb:.5f} "
+              f"(Δ {bpb - reference:+.5f}), {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
