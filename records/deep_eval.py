@@ -89,8 +89,9 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
                         grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
     pattern = os.path.join(hp.data_path, "fineweb_val_*.bin")
     if hasattr(mod, "load_tokenizer"):  # scripts since 2026-11-23: the bytes behind each position, checked
-        # as the script's setup() cut the split: by the longer window since test-time training came in
-        seq_len = max(hp.train_seq_len, hp.eval_seq_len) if hasattr(mod, "score") else hp.train_seq_len
+        # as the script's setup() cut the split: early versions by TRAIN_SEQ_LEN, later ones by the longer window
+        longer = "max(hp.train_seq_len, hp.eval_seq_len)" in inspect.getsource(mod.setup)
+        seq_len = max(hp.train_seq_len, hp.eval_seq_len) if longer else hp.train_seq_len
         val_tokens, luts = mod.load_validation(pattern, seq_len, mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size))
     else:  # per-id tables
         luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
