@@ -15,18 +15,15 @@ floats into byte planes (high bytes together), which helps when exponents repeat
 """
 
 import argparse
-import importlib.util
 import io
 import lzma
-import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import train_gpt as tg  # noqa: E402
+from run_files import reader_module, tg
 
 COMPRESSORS = {"zlib-9": lambda b: zlib.compress(b, 9), "lzma-9e": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME)}
 # the same settings as train_gpt.py's COMPRESSOR options
@@ -79,11 +76,7 @@ def main():
     parser.add_argument("--reader", type=Path, help="the train_gpt.py whose load_artifact reads the artifacts (a "
                         "record's own copy, for artifacts in an earlier format); default: this repository's")
     args = parser.parse_args()
-    reader = tg
-    if args.reader:
-        spec = importlib.util.spec_from_file_location("reader_train_gpt", args.reader)
-        reader = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(reader)
+    reader = reader_module(args.reader)
     print(f"{'artifact':<28} {'bits':>4} {'layout':<16} {'raw':>10} " + " ".join(f"{c:>10}" for c in COMPRESSORS))
     for path in args.artifacts:
         state = reader.load_artifact(path)

@@ -13,43 +13,25 @@ given per parameter.
 """
 
 import argparse
-import importlib.util
 import io
-import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import train_gpt as tg  # noqa: E402
+from run_files import add_run_arguments, read_run, tg
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("artifact", type=Path)
-    parser.add_argument("log", type=Path, help="the run's log: its hyperparameters line gives the model's shape")
-    parser.add_argument("--reader", type=Path, help="the train_gpt.py that wrote the artifact, if its format is older")
+    add_run_arguments(parser)
     parser.add_argument("--bits", type=int, nargs="+", default=[6, 5, 4])
     parser.add_argument("--calib-seqs", type=int, default=64)
     parser.add_argument("--calib", choices=["train", "selfgen"], default="train")
     parser.add_argument("--compressor", default="brotli", choices=list(tg.COMPRESSORS))
     args = parser.parse_args()
-    reader = tg
-    if args.reader:
-        spec = importlib.util.spec_from_file_location("reader_train_gpt", args.reader)
-        reader = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(reader)
-    line = next(l for l in args.log.read_text().splitlines() if l.startswith("hyperparameters: "))
-    hp = tg.Hyperparameters(**json.loads(line.removeprefix("hyperparameters: ")))
+    hp, state = read_run(args)
     layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
-    if args.artifact.is_dir():  # a checkpoint: the float weights as trained
-        state = torch.load(args.artifact / "state.pt", map_location="cpu", weights_only=True)["model"]
-    else:
-        state = reader.load_artifact(args.artifact)
     model = tg.GPT(hp)
     model.load_state_dict(state, strict=True)
     model.eval()

@@ -11,27 +11,18 @@ Each line gives val_bpb, its change against no TTT, and the wall time of the who
 
 import argparse
 import copy
-import dataclasses
-import importlib.util
 import itertools
-import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import train_gpt as tg  # noqa: E402
+from run_files import add_run_arguments, read_run, tg
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("artifact", type=Path)
-    parser.add_argument("log", type=Path, help="the run's log: its hyperparameters line gives the model's shape")
-    parser.add_argument("--reader", type=Path, help="the train_gpt.py that wrote the artifact, if its format is older")
+    add_run_arguments(parser)
     parser.add_argument("--chunks", type=int, nargs="+", default=[8192, 32768])
     parser.add_argument("--lrs", type=float, nargs="+", default=[0.002, 0.005])
     parser.add_argument("--epochs", type=int, nargs="+", default=[1])
@@ -39,17 +30,9 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=0, help="EVAL_STRIDE for the scoring (0: plain windows)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (faster on CPU for width 256+)")
     args = parser.parse_args()
-    reader = tg
-    if args.reader:
-        spec = importlib.util.spec_from_file_location("reader_train_gpt", args.reader)
-        reader = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(reader)
-    line = next(l for l in args.log.read_text().splitlines() if l.startswith("hyperparameters: "))
-    known = {f.name for f in dataclasses.fields(tg.Hyperparameters)}
-    hp = tg.Hyperparameters(**{k: v for k, v in json.loads(line.removeprefix("hyperparameters: ")).items() if k in known})
+    hp, state = read_run(args)
     hp.eval_stride = args.stride
     layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, args.compile, False)
-    state = reader.load_artifact(args.artifact)
     tok = tg.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     val_tokens, val_bytes = tg.load_validation(os.path.join(hp.data_path, "fineweb_val_*.bin"),
                                                max(hp.train_seq_len, hp.eval_seq_len), tok)
