@@ -126,6 +126,8 @@ class Hyperparameters:
     eval_stride: int = 0  # 0: non-overlapping windows; else a sliding window scoring STRIDE tokens each
     quant_bits: int = 8  # block matrices
     embed_quant_bits: int = 8
+    quant_sigmas: float = 0.0  # > 0: each row's step puts this many standard deviations at the top integer; 0: clip search
+    embed_quant_sigmas: float = 0.0
     compressor: str = "zlib"
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest with the clip search
     gptq_calib: str = "train"  # calibration inputs: the next training batches, or "selfgen": the model's own samples
@@ -279,9 +281,6 @@ def pick_device(local_rank: int) -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type in ("cuda", "mps"):  # CPU work is already done when the call returns
         getattr(torch, device.type).synchronize()
-
-def resolve_mode(setting: str, device: torch.device) -> bool:
-    return setting == "1" if setting != "auto" else device.type == "cuda"
 
 # Dense bf16 peak per GPU, for MFU. Unknown GPUs get no MFU field rather than a made-up one.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -536,10 +535,10 @@ class CastedLinear(nn.Linear):
     """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype. While qat_bits is set
     (late QAT), the weight passes through the export's fake quantization. A plain attribute: torch.compile
     guards on it and compiles a second graph, which warmup primes (set_phase)."""
-    qat_bits = 0
+    qat_bits, qat_sigmas = 0, 0.0
 
     def forward(self, x: Tensor) -> Tensor:
-        w = fake_quantize(self.weight, self.qat_bits) if self.qat_bits else self.weight
+        w = fake_quantize(self.weight, self.qat_bits, self.qat_sigmas) if self.qat_bits else self.weight
         return F.linear(x, w.to(x.dtype))  # every layer here is bias-free
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -707,14 +706,14 @@ class GPT(nn.Module):
         logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
-def set_phase(model: GPT, looping: bool, qat_bits: int) -> None:
+def set_phase(model: GPT, looping: bool, qat_bits: int, qat_sigmas: float = 0.0) -> None:
     """Turn depth recurrence and late QAT (fake quantization of the matrices the export quantizes) on or off."""
     model.looping = looping
     if hasattr(model, "loop_on"):
         model.loop_on.fill_(int(looping))
     for m in model.modules():
         if isinstance(m, CastedLinear):
-            m.qat_bits = qat_bits if is_quantized(m.weight) else 0
+            m.qat_bits, m.qat_sigmas = (qat_bits if is_quantized(m.weight) else 0), qat_sigmas
 
 def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
     """6 per weight of every matmul as run (looped blocks each time; the head, or the tied embedding once as
@@ -804,7 +803,8 @@ def autocast(layout: Layout):
 KEEP_FLOAT_MAX_NUMEL = 16_384
 QUANT_BITS_CHOICES = (4, 5, 6, 7, 8)
 # Each row's clip is the fraction of its max |w| below with the least reconstruction error: at low
-# widths, clipping a few outliers buys finer steps for everything else (GPTQ-lite clip search).
+# widths, clipping a few outliers buys finer steps for everything else (GPTQ-lite clip search). QUANT_SIGMAS=k
+# clips at k row stds instead (the field's): at k ~ 12, wider than the max, so fewer bytes and more error.
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 COMPRESSORS = {  # name: (compress, decompress, the leading bytes by which the reader recognizes it)
     "zlib": (lambda raw: zlib.compress(raw, level=9), zlib.decompress, b"\x78"),
@@ -825,23 +825,22 @@ def round_to_fp16(x: Tensor) -> Tensor:
     bits = x.float().view(torch.int32)
     return ((bits + 0x0FFF + ((bits >> 13) & 1)) & -0x2000).view(torch.float32)
 
-def quantize_rows(w: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """Per-row symmetric integers in [-qmax, qmax] (as float) and scales (rows,) as stored in fp16, clip searched."""
-    qmax = 2 ** (bits - 1) - 1
-    absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
+def quantize_rows(w: Tensor, bits: int, sigmas: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Per-row symmetric integers in [-qmax, qmax] (as float) and fp16 scales (rows,): clip searched, or sigmas stds."""
+    qmax, absmax = 2 ** (bits - 1) - 1, w.abs().amax(dim=1, keepdim=True)  # (R, 1)
+    clips = [sigmas * w.std(dim=1, keepdim=True)] if sigmas else [absmax * f for f in CLIP_FRACTIONS]
     # fp16 scales floored at its smallest normal (no division by zero); float fractions: no host-to-device copy
-    scales = torch.stack([absmax * f / qmax for f in CLIP_FRACTIONS])  # (K, R, 1)
-    scales = round_to_fp16(scales.clamp(2.0 ** -14, 65504.0))
+    scales = round_to_fp16((torch.stack(clips) / qmax).clamp(2.0 ** -14, 65504.0))  # (K, R, 1)
     q = torch.clamp(torch.round(w / scales), -qmax, qmax)  # (K, R, C)
     best = (q * scales - w).square().sum(dim=2).argmin(dim=0)  # (R,)
     rows = torch.arange(w.size(0), device=w.device)
     return q[best, rows], scales[best, rows, 0]
 
-def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp: float, block: int = 128) -> tuple[Tensor, Tensor]:
+def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp: float, sigmas: float = 0.0, block=128) -> tuple[Tensor, Tensor]:
     """GPTQ (Frantar et al. 2022) with quantize_rows's scales: columns in descending order of H's diagonal
     (act order), each column's rounding error pushed onto the columns not yet quantized through the upper
     Cholesky factor of H^-1, in blocks. H = X^T X of the layer's inputs; H = I gives round-to-nearest."""
-    qmax, (_, scale) = 2 ** (bits - 1) - 1, quantize_rows(w, bits)
+    qmax, (_, scale) = 2 ** (bits - 1) - 1, quantize_rows(w, bits, sigmas)
     W, H = w.double().clone(), H.double().clone()
     dead = H.diagonal() == 0  # inputs that were always zero: their weights do not matter
     H[dead, dead], W[:, dead] = 1.0, 0.0
@@ -859,12 +858,12 @@ def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp: float, block: int = 128
         W[:, b:] -= err @ U[a:b, b:]
     return Q[:, torch.argsort(order)].float(), scale
 
-def fake_quantize(w: Tensor, bits: int) -> Tensor:
+def fake_quantize(w: Tensor, bits: int, sigmas: float = 0.0) -> Tensor:
     """The export's round trip in the forward pass, with a straight-through gradient (late QAT)."""
-    q, scale = quantize_rows(w.detach(), bits)
+    q, scale = quantize_rows(w.detach(), bits, sigmas)
     return w + (q * scale[:, None] - w).detach()
 
-def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: int, hessians=None, damp=0.01) -> dict:
+def quantize_state_dict(state_dict, bits: int, embed_bits: int, hessians=None, damp=0.01, sigmas=0.0, embed_sigmas=0.0) -> dict:
     """Large float matrices -> per-row integers, one byte each (packing the bits hides their distribution
     from the compressor: README, "Compressors"), with fp16 scales, by GPTQ where hessians has the matrix;
     small tensors -> fp16, but control tensors (gains, mixes) stay fp32: they are few and sensitive."""
@@ -877,9 +876,9 @@ def quantize_state_dict(state_dict: dict[str, Tensor], bits: int, embed_bits: in
         elif not is_quantized(tensor):
             floats[name] = tensor.float() if any(key in name for key in CONTROL_PARAM_NAMES) else tensor.half()
         else:
-            width = embed_bits if name == "tok_emb.weight" else bits
-            q, scale = gptq_quantize(tensor, hessians[name].cpu(), width, damp) if name in (hessians or {}) else \
-                quantize_rows(tensor.float(), width)
+            width, k = (embed_bits, embed_sigmas) if name == "tok_emb.weight" else (bits, sigmas)
+            q, scale = gptq_quantize(tensor, hessians[name].cpu(), width, damp, k) if name in (hessians or {}) else \
+                quantize_rows(tensor.float(), width, k)
             ints[name], scales[name] = q.to(torch.int8), scale.half()
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
@@ -890,7 +889,8 @@ def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
 
 def save_artifact(state_dict: dict[str, Tensor], path: Path, hp: Hyperparameters, hessians=None) -> bytes:
     buffer = io.BytesIO()
-    torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits, hessians, hp.gptq_damp), buffer)
+    torch.save(quantize_state_dict(state_dict, hp.quant_bits, hp.embed_quant_bits, hessians, hp.gptq_damp,
+                                   hp.quant_sigmas, hp.embed_quant_sigmas), buffer)
     blob = COMPRESSORS[hp.compressor][0](buffer.getvalue())
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
@@ -1229,7 +1229,7 @@ def setup(environ=os.environ) -> Run:
                               "old log away" + (" (the script changed since the checkpoint)" if meta else ""))
     device = pick_device(local_rank)
     layout = Layout(rank, world_size, local_rank, world_size > 1, device, accum,
-                    resolve_mode(hp.compile, device), resolve_mode(hp.bf16, device))
+                    *(setting == "1" if setting != "auto" else device.type == "cuda" for setting in (hp.compile, hp.bf16)))
     return Run(hp, layout, tokenizer, *val)
 
 def init_runtime(hp: Hyperparameters, layout: Layout, source: bytes) -> RunLog:
@@ -1281,11 +1281,11 @@ def warmup(run: Run, model: nn.Module, next_batch, optimizers) -> None:
     initial_model = copy.deepcopy(run.model.state_dict())
     initial_optimizers = [copy.deepcopy(opt.state_dict()) for opt in optimizers]
     for step in range(hp.warmup_steps):
-        set_phase(run.model, *phases[step * len(phases) // hp.warmup_steps])
+        set_phase(run.model, *phases[step * len(phases) // hp.warmup_steps], hp.quant_sigmas)
         train_step(model, next_batch, optimizers, hp, run.layout, lr_scale=1.0)
         if step + 1 in (1, hp.warmup_steps):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
-    set_phase(run.model, *phases[0])
+    set_phase(run.model, *phases[0], hp.quant_sigmas)
     run.model.load_state_dict(initial_model)
     for opt, state in zip(optimizers, initial_optimizers):
         opt.load_state_dict(state)
@@ -1389,7 +1389,7 @@ def main() -> None:
     if not hp.resume:  # a phase that starts at 0 is on from the first step
         looping, qat_bits = phase_at(0.0, hp)
         state.loop_active, state.qat_active = looping, bool(qat_bits)
-    set_phase(base_model, state.loop_active, hp.quant_bits if state.qat_active else 0)
+    set_phase(base_model, state.loop_active, hp.quant_bits if state.qat_active else 0, hp.quant_sigmas)
     stop_signal, peak = StopSignal(), peak_flops(device)
     source_sha256, first_step = hashlib.sha256(source).hexdigest(), state.step
 
@@ -1449,7 +1449,7 @@ def main() -> None:
         looping, qat_bits = phase_at(training_progress(step, state.elapsed_ms, hp), hp)
         run_ends = step >= hp.iterations or stop_after_step is not None  # no phase the model never trained in
         if (looping, bool(qat_bits)) != (state.loop_active, state.qat_active) and not run_ends:
-            set_phase(base_model, looping, qat_bits)
+            set_phase(base_model, looping, qat_bits, hp.quant_sigmas)
             log(f"phase: from step:{step} depth_recurrence:{'on' if looping else 'off'} "
                 f"late_qat:{f'int{qat_bits}' if qat_bits else 'off'}")
             state.loop_active, state.qat_active = looping, bool(qat_bits)

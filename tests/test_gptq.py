@@ -1,6 +1,7 @@
 """GPTQ=1: the quantizer's properties, its calibration, and the artifact it writes."""
 
 import copy
+import zlib
 
 import pytest
 import torch
@@ -8,12 +9,12 @@ import torch
 import train_gpt as tg
 
 
-@pytest.mark.parametrize("bits", [4, 6])
-def test_identity_hessian_is_round_to_nearest(bits):
+@pytest.mark.parametrize("bits, sigmas", [(4, 0.0), (6, 0.0), (6, 12.85)])
+def test_identity_hessian_is_round_to_nearest(bits, sigmas):
     torch.manual_seed(0)
     w = torch.randn(48, 200)
-    q, scale = tg.gptq_quantize(w, torch.eye(200), bits, damp=0.01)
-    expected_q, expected_scale = tg.quantize_rows(w, bits)
+    q, scale = tg.gptq_quantize(w, torch.eye(200), bits, damp=0.01, sigmas=sigmas)
+    expected_q, expected_scale = tg.quantize_rows(w, bits, sigmas)
     assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
 
 
@@ -38,6 +39,60 @@ def test_dead_inputs_are_zeroed():
     x[:, 5] = 0
     q, _ = tg.gptq_quantize(w, x.T @ x, 6, damp=0.01)
     assert (q[:, 5] == 0).all() and (q[:, :5] != 0).any()
+
+
+# ---- QUANT_SIGMAS: each row clipped at k standard deviations ----
+
+
+@pytest.mark.parametrize("bits, sigmas", [(6, 12.85), (5, 6.0), (4, 3.0)])
+def test_sigma_clip_is_k_row_stds_and_rounds_within_half_a_step(bits, sigmas):
+    torch.manual_seed(3)
+    w = torch.randn(32, 500) * torch.rand(32, 1)
+    w[0, 0] = 40.0  # an outlier past the clip: clamped to the top integer, the row's step unchanged by it
+    qmax = 2 ** (bits - 1) - 1
+    q, scale = tg.quantize_rows(w, bits, sigmas)
+    assert torch.equal(scale, (sigmas * w.std(dim=1) / qmax).half().float())
+    assert q[0, 0] == qmax and q.abs().max() <= qmax and torch.equal(q, q.round())
+    inside = w.abs() <= qmax * scale[:, None]
+    assert ((q * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-6)[inside].all()
+
+
+def test_a_wider_sigma_clip_spends_fewer_bytes_for_more_error():
+    torch.manual_seed(4)
+    w = torch.randn(128, 512)
+    sizes, errors = [], []
+    for sigmas in (0.0, 4.0, 8.0, 12.85):  # 0: the clip search, at most the row's max (~3.3 stds here)
+        stored = tg.quantize_state_dict({"m.weight": w}, 6, 8, sigmas=sigmas)
+        sizes.append(len(zlib.compress(stored["ints"]["m.weight"].numpy().tobytes(), 9)))
+        errors.append((tg.dequantize_state_dict(stored)["m.weight"] - w).square().sum().item())
+    assert all(a > b for a, b in zip(sizes, sizes[1:])) and all(a < b for a, b in zip(errors, errors[1:]))
+
+
+def test_the_artifact_clips_blocks_and_embedding_at_their_own_sigmas(tmp_path):
+    torch.manual_seed(5)
+    state = {"tok_emb.weight": torch.randn(64, 300), "blocks.0.mlp.fc.weight": torch.randn(64, 300)}
+    hp = tg.Hyperparameters(quant_bits=6, embed_quant_bits=7, quant_sigmas=12.0, embed_quant_sigmas=16.0)
+    tg.save_artifact(state, tmp_path / "model.ptz", hp)
+    loaded = tg.load_artifact(tmp_path / "model.ptz")
+    for name, bits, sigmas in (("tok_emb.weight", 7, 16.0), ("blocks.0.mlp.fc.weight", 6, 12.0)):
+        q, scale = tg.quantize_rows(state[name], bits, sigmas)
+        assert torch.equal(loaded[name], q * scale[:, None])
+
+
+def test_late_qat_fake_quantizes_at_the_exports_sigmas(tiny_data, tmp_path):
+    """QUANT_SIGMAS changes nothing before late QAT starts; from the switch on, QAT trains against its clip."""
+    from conftest import run_trainer
+
+    losses = {}
+    for sigmas in ("0", "3"):
+        env = tiny_data.env(RUN_ID=f"qat_sigmas{sigmas}", MODEL_DIM="128", NUM_HEADS="4", NUM_KV_HEADS="2",
+                            QUANT_BITS="4", QAT_START_FRAC="0.5", QUANT_SIGMAS=sigmas, ITERATIONS="6", WARMUP_STEPS="2")
+        out = run_trainer(env, tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "phase: from step:3 depth_recurrence:off late_qat:int4" in out.stdout
+        losses[sigmas] = [line.split("train_loss:")[1].split()[0] for line in out.stdout.splitlines() if "train_loss:" in line]
+    assert losses["0"][:3] == losses["3"][:3], "before QAT (steps 1-3) the runs are the same"
+    assert all(a != b for a, b in zip(losses["0"][3:], losses["3"][3:])), "from step 4 on, QAT's clip differs"
 
 
 def calibration_run(tiny_data, **settings):

@@ -193,6 +193,20 @@ def test_qat_switch_changes_the_output(compiled):
         torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
 
 
+def test_qat_at_sigmas_equals_the_weights_exported_at_them():
+    model = qat_model()
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        tg.set_phase(model, looping=False, qat_bits=4, qat_sigmas=3.0)
+        on = model.logits(idx)
+        tg.set_phase(model, looping=False, qat_bits=0)
+        for module in model.qat_layers:
+            q, scale = tg.quantize_rows(module.weight, 4, 3.0)
+            assert not torch.equal(scale, tg.quantize_rows(module.weight, 4)[1]), "not the clip search's scales"
+            module.weight.copy_(q * scale[:, None])
+        torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
+
+
 def test_qat_gradient_is_straight_through():
     model = qat_model()
     set_qat(model, True)
