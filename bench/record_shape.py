@@ -96,7 +96,7 @@ def saved_for_backward(model: "tg.GPT", hp: "tg.Hyperparameters", gpus: int) -> 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(idx, idx)
     model.looping = False
-    per_gpu = hp.train_batch_tokens // (gpus * (hp.grad_accum_steps or 8 // gpus) * hp.train_seq_len)
+    per_gpu = hp.train_batch_tokens // (gpus * tg.resolve_grad_accum(hp, gpus) * hp.train_seq_len)
     per_seq = sum(storages.values())
     print(f"saved for backward: {per_seq / 2**30:.2f} GiB per {hp.train_seq_len}-token sequence; {per_gpu} sequences per "
           f"GPU per micro-step: {per_gpu * per_seq / 2**30:.1f} GiB")
