@@ -775,7 +775,7 @@ def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp:
     """Score-first TTT, one pass left to right over chunks of TTT_CHUNK_TOKENS: each chunk is scored as score()
     scores (sliding with EVAL_STRIDE), then the model takes TTT_EPOCHS SGD steps on the tokens just scored; the
     last chunk is never trained on. So every prediction depends only on the artifact and earlier tokens.
-    trainer: the model as DDP wraps it (gradients averaged over ranks). Returns each chunk's sums (chunks, 3)."""
+    trainer: the compiled, DDP-wrapped model (gradients averaged over ranks; no truth value). Returns sums (chunks, 3)."""
     seq_len, num_targets = hp.eval_seq_len or hp.train_seq_len, val_tokens.numel() - 1
     bounds = list(range(0, num_targets, hp.ttt_chunk_tokens)) + [num_targets]
     adapted = [p for name, p in model.named_parameters() if hp.ttt_params == "all" or "blocks." in name]
@@ -790,7 +790,7 @@ def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp:
         chunk = val_tokens[a:b + 1].to(layout.device, torch.int64)
         x, y = (t.view(-1, seq_len)[layout.rank::layout.world_size] for t in (chunk[:-1], chunk[1:]))
         for _ in range(hp.ttt_epochs):  # cosine decay over the chunks trained on
-            train_step(trainer or model, lambda: (x, y), [sgd], step_hp, step_layout,
+            train_step(model if trainer is None else trainer, lambda: (x, y), [sgd], step_hp, step_layout,
                        0.5 * (1.0 + math.cos(math.pi * c / max(len(bounds) - 2, 1))))
     return torch.stack(sums)
 

@@ -87,3 +87,17 @@ def test_chunks_must_split_evenly_over_ranks(tiny_data):
     with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=192 must split into as many eval windows of 64 tokens "
                                              "on each of the 2 ranks"):
         tg.setup(tiny_data.env(TTT="1", TTT_CHUNK_TOKENS="192", WORLD_SIZE="2"))
+
+
+def test_a_compiled_trainer_trains_the_model_it_wraps(ttt_setup):
+    """COMPILE=1 hands test_time_train the compiled wrapper, which raises on bool(); it must train the same weights."""
+    hp, layout, model, tokens, val_bytes = ttt_setup
+    sums, trained = ttt(model, tokens, val_bytes, hp, layout)
+    wrapped = copy.deepcopy(model)
+    compiled = torch.compile(wrapped, backend="eager")
+    with pytest.raises(TypeError):
+        bool(compiled)
+    other = tg.test_time_train(wrapped, tokens, val_bytes, hp, layout, compiled)
+    assert torch.allclose(other, sums, rtol=1e-6, atol=0)
+    for name, p in wrapped.state_dict().items():
+        assert torch.allclose(p, trained.state_dict()[name], rtol=1e-5, atol=1e-7), name
