@@ -3,11 +3,15 @@
 The input is JSONL with one document per line and its text in a `text` field, as the challenge's
 documents export. An `id` field, when present, names the document (else its line number).
 
-    python data/build_jsonl.py docs.jsonl --name fineweb --variant sp1024 --val-docs 50000
+    python data/build_jsonl.py docs_selected.jsonl --name fineweb --variant sp8192 --val-docs 50000 \
+        --tokenizer-docs 5000000
 
 --val-docs N puts the first N documents in validation, the challenge's rule (its val split is the
 first 50,000 documents of its export); without it a document's split is a hash of its id (about
-10% to validation). The tokenizer trains on train documents only (--tokenizer-docs caps how many).
+10% to validation). Tokenizers are trained with the `challenge` profile of tokenizer_specs.json by
+default, the challenge's own settings and sentences: each of the first --tokenizer-docs documents of
+the file is one training sentence, validation documents included, as in the challenge's exporter.
+--profile sotu trains as data/build_sotu.py does (paragraphs of train documents only).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ if __package__ in (None, ""):  # run as `python data/build_jsonl.py`: import thr
 
 from data.pipeline import VAL_FRACTION, Document, build_dataset, hash_split, hash_split_info
 from data.shards import SHARD_TOKENS
-from data.text_tokenizers import DATA_DIR, load_specs, resolve_variants
+from data.text_tokenizers import DATA_DIR, load_profiles, load_specs, resolve_variants
+
+DEFAULT_PROFILE = "challenge"  # rebuilding the challenge's tokenizers from its documents
 
 
 class JsonlSource:
@@ -81,13 +87,17 @@ class JsonlSource:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     specs, default = load_specs()
+    profiles = load_profiles()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", type=Path, help="JSONL documents file")
     parser.add_argument("--name", required=True, help="source name: datasets/<name>_<variant>, tokenizers/<name>_<vocab>_bpe.model")
     parser.add_argument("--variant", nargs="+", default=[default],
                         help=f"tokenizer variants from tokenizer_specs.json: {' '.join(specs)}, or 'all' (default {default})")
     parser.add_argument("--val-docs", type=int, default=None, help="the first N documents are validation (default: hash split)")
-    parser.add_argument("--tokenizer-docs", type=int, default=None, help="train the tokenizer on at most N train documents")
+    parser.add_argument("--tokenizer-docs", type=int, default=None,
+                        help="train the tokenizer on at most N documents (the profile says which: the file's first, or train)")
+    parser.add_argument("--profile", choices=sorted(profiles), default=DEFAULT_PROFILE,
+                        help="tokenizer settings from tokenizer_specs.json (default %(default)s: the challenge's own)")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--id-field", default="id")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="where datasets/ and tokenizers/ go (default: this folder)")
@@ -98,7 +108,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     variants = resolve_variants(args.variant, specs)
     source = JsonlSource(args.input, args.name, args.val_docs, text_field=args.text_field, id_field=args.id_field)
     print(f"{args.name}: {source.num_documents:,} documents in {args.input}")
-    manifests = [build_dataset(source, spec, args.data_dir, args.shard_tokens, args.tokenizer_docs) for spec in variants]
+    manifests = [build_dataset(source, spec, args.data_dir, profiles[args.profile], args.shard_tokens, args.tokenizer_docs)
+                 for spec in variants]
     print(f"{args.name}: done in {time.perf_counter() - t0:.1f} s")
     return manifests
 

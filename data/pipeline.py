@@ -1,9 +1,10 @@
-"""One pipeline for every text source: split documents, train or reuse the tokenizer on the train
-split, encode, write shards through data/shards.py, and record everything in a manifest.
+"""One pipeline for every text source: split documents, train or reuse the tokenizer, encode, write shards through
+data/shards.py, and record everything in a manifest.
 
 Output layout, relative to the data directory:
-  tokenizers/<source>_<vocab>_bpe.model (+ .vocab), tokenizers/byte260.json
+  tokenizers/<source>_<vocab>_bpe.model (+ .vocab), tokenizers/<source>_<vocab>_bpe_caseops.model, tokenizers/byte260.json
   datasets/<source>_<variant>/fineweb_{train,val}_XXXXXX.bin + manifest.json
+  (a CaseOps variant adds fineweb_val_bytes_XXXXXX.bin: the byte sidecar of each val shard)
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 from tqdm import tqdm
 
 from data.shards import SHARD_TOKENS, ShardWriter, atomic_write_json, read_datafile_header, sha256_file
-from data.text_tokenizers import (BYTE260, MAX_SENTENCE_BYTES, SENTENCEPIECE_SETTINGS, TokenizerSpec,
-                                  load_tokenizer, tokenizer_filename, train_sentencepiece, write_byte260)
+from data.text_tokenizers import (BYTE260, TEXT_TRANSFORMS, TokenizerSpec, TrainingProfile, load_tokenizer,
+                                  tokenizer_filename, train_sentencepiece, write_byte260)
 
 MANIFEST_VERSION = 1
 VAL_FRACTION = 0.1
@@ -65,27 +66,35 @@ def hash_split_info(val_fraction: float) -> dict:
             "val_fraction": val_fraction}
 
 
-def training_paragraphs(documents: Iterable[Document], stats: dict, max_docs: int | None = None) -> Iterator[str]:
-    """Non-empty lines of train documents: the tokenizer's training sentences. Lines longer than
-    SentencePiece's max_sentence_length are counted in `stats` instead of being dropped silently."""
-    stats.update(documents=0, paragraphs=0, bytes=0, too_long=0)
+def training_sentences(documents: Iterable[Document], profile: TrainingProfile, stats: dict,
+                       max_docs: int | None = None, transform=None) -> Iterator[str]:
+    """The tokenizer's training sentences, as the profile cuts them: the non-empty lines (paragraphs) of train
+    documents, or each of the first documents whole (the challenge's way: NUL as space, stripped; validation
+    documents included). Text goes through the variant's transform first. Sentences longer than the trainer's
+    max_sentence_length are skipped here and counted in `stats` (the trainer would skip them silently)."""
+    stats.update(documents=0, sentences=0, bytes=0, too_long=0)
+    limit = profile.max_sentence_bytes
     for doc in documents:
-        if doc.split != "train":
+        if profile.documents == "train" and doc.split != "train":
             continue
         if max_docs is not None and stats["documents"] >= max_docs:
             return
         stats["documents"] += 1
-        for line in doc.text.split("\n"):
-            line = line.strip()
-            if not line:
+        text = transform.encode(doc.text) if transform else doc.text
+        if profile.sentences == "documents":
+            candidates = [text.replace("\x00", " ").strip()]
+        else:
+            candidates = [line.strip() for line in text.split("\n")]
+        for sentence in candidates:
+            if not sentence:
                 continue
-            size = len(line.encode("utf-8"))
-            if size > MAX_SENTENCE_BYTES:
+            size = len(sentence.encode("utf-8"))
+            if size > limit:
                 stats["too_long"] += 1
                 continue
-            stats["paragraphs"] += 1
+            stats["sentences"] += 1
             stats["bytes"] += size
-            yield line
+            yield sentence
 
 
 # -------------------------------------------------------------------------------------------------
@@ -99,15 +108,20 @@ def load_manifest(path: Path) -> dict | None:
     return manifest if manifest.get("manifest_version") == MANIFEST_VERSION else None
 
 
+def manifest_shards(manifest: dict) -> list[dict]:
+    """Every file a dataset's manifest lists: the shards of both splits and a CaseOps variant's byte sidecar."""
+    return [shard for split in SPLITS for key in ("shards", "byte_sidecar")
+            for shard in manifest["splits"][split].get(key, [])]
+
+
 def shards_intact(out_dir: Path, manifest: dict) -> bool:
-    for split in SPLITS:
-        for shard in manifest["splits"][split]["shards"]:
-            path = out_dir / shard["file"]
-            try:
-                if read_datafile_header(path) != shard["tokens"] or sha256_file(path) != shard["sha256"]:
-                    return False
-            except (OSError, ValueError):
+    for shard in manifest_shards(manifest):
+        path = out_dir / shard["file"]
+        try:
+            if read_datafile_header(path) != shard["tokens"] or sha256_file(path) != shard["sha256"]:
                 return False
+        except (OSError, ValueError):
+            return False
     return True
 
 
@@ -138,10 +152,11 @@ def summary_line(manifest: dict, seconds: float | None) -> str:
     return line + f", {seconds:.1f} s, {tokens / seconds:,.0f} tokens/s"
 
 
-def build_dataset(source: Source, spec: TokenizerSpec, data_dir: str | os.PathLike,
+def build_dataset(source: Source, spec: TokenizerSpec, data_dir: str | os.PathLike, profile: TrainingProfile,
                   shard_tokens: int = SHARD_TOKENS, tokenizer_docs: int | None = None,
                   log: Callable[[str], None] = print) -> dict:
-    """Build (or verify and reuse) datasets/<source>_<variant>/ and its tokenizer. Returns the manifest."""
+    """Build (or verify and reuse) datasets/<source>_<variant>/ and its tokenizer, trained under `profile`.
+    Returns the manifest."""
     t0 = time.perf_counter()
     data_dir = Path(data_dir)
     name = f"{source.name}_{spec.name}"
@@ -152,42 +167,63 @@ def build_dataset(source: Source, spec: TokenizerSpec, data_dir: str | os.PathLi
     source_info = source.info()
     old = load_manifest(manifest_path)
 
-    # ---- tokenizer: trained on the train split only, reused while its inputs are unchanged
+    # ---- tokenizer: reused while its inputs are unchanged
     if spec.kind == "byte":
         write_byte260(tok_path)
         training = {"settings": BYTE260}
     else:
-        training = {"settings": {**SENTENCEPIECE_SETTINGS, "vocab_size": spec.vocab_size},
-                    "split": "train", "max_documents": tokenizer_docs}
+        settings = profile.settings(spec)
+        training = {"profile": profile.name, "settings": settings, "sentences": profile.sentences,
+                    "documents": profile.documents, "max_documents": tokenizer_docs}
         old_training = dict(old["tokenizer"]["training"]) if old is not None else {}
-        paragraphs = old_training.pop("paragraphs", None)
+        trained_on = old_training.pop("trained_on", None)
         reuse = (old is not None and old["source"] == source_info and old_training == training
                  and tok_path.is_file() and sha256_file(tok_path) == old["tokenizer"]["sha256"])
         if not reuse:
             manifest_path.unlink(missing_ok=True)  # it would describe shards of the old tokenizer
             stats: dict = {}
-            log(f"{name}: training {spec.name} on the train split of {source.name}")
+            which = "the train split" if profile.documents == "train" else "the first documents"
+            log(f"{name}: training {spec.name} on {profile.sentences} of {which} of {source.name} ({profile.name} settings)")
             t = time.perf_counter()
-            train_sentencepiece(spec, training_paragraphs(source.documents(), stats, tokenizer_docs), tok_path)
-            log(f"{name}: trained {tok_rel} on {stats['paragraphs']:,} paragraphs ({stats['bytes']:,} bytes) "
+            sentences = training_sentences(source.documents(), profile, stats, tokenizer_docs,
+                                           TEXT_TRANSFORMS.get(spec.text_transform))
+            try:
+                train_sentencepiece(spec, settings, sentences, tok_path)
+            except RuntimeError as e:
+                if stats.get("sentences"):
+                    raise
+                raise ValueError(f"{name}: no training sentences: the {stats.get('too_long', 0)} {profile.sentences} "
+                                 f"of {stats.get('documents', 0)} documents are all longer than the trainer's "
+                                 f"max_sentence_length of {profile.max_sentence_bytes} bytes ({profile.name} settings); "
+                                 "use shorter documents or another profile") from e
+            log(f"{name}: trained {tok_rel} on {stats['sentences']:,} {profile.sentences} ({stats['bytes']:,} bytes) "
                 f"of {stats['documents']:,} documents in {time.perf_counter() - t:.1f} s"
-                + (f"; skipped {stats['too_long']} paragraphs over {MAX_SENTENCE_BYTES} bytes" if stats["too_long"] else ""))
-            paragraphs = stats["paragraphs"]
-        training["paragraphs"] = paragraphs
+                + (f"; skipped {stats['too_long']:,} over {profile.max_sentence_bytes} bytes" if stats["too_long"] else ""))
+            trained_on = stats
+        training["trained_on"] = trained_on
     tok_sha256 = sha256_file(tok_path)
-    tokenizer = load_tokenizer(tok_path)
+    tokenizer = load_tokenizer(tok_path, spec.text_transform)
     if tokenizer.vocab_size != spec.vocab_size:
-        raise ValueError(f"{tok_path}: vocab size {tokenizer.vocab_size} != {spec.vocab_size} of variant {spec.name}; "
-                         "delete the file and rebuild")
+        raise ValueError(f"{tok_path}: vocab size {tokenizer.vocab_size} != {spec.vocab_size} of variant {spec.name} "
+                         "(with hard_vocab_limit off, training on too little text gives fewer pieces); "
+                         "use more documents, or delete the file and rebuild")
 
     # ---- shards: reused when the manifest matches the inputs and every shard verifies
     if (old is not None and old["source"] == source_info and old["tokenizer"]["sha256"] == tok_sha256
             and old["shard_tokens"] == shard_tokens and shards_intact(out_dir, old)):
-        log(summary_line(old, None))
-        return old
+        # A retrained tokenizer can come out identical (training is deterministic): the shards stand, and the
+        # manifest, removed when training started, is written again with the training it records now.
+        manifest = {**old, "tokenizer": {**old["tokenizer"], "training": training}}
+        if manifest != old or not manifest_path.is_file():
+            atomic_write_json(manifest_path, manifest)
+        log(summary_line(manifest, None))
+        return manifest
     manifest_path.unlink(missing_ok=True)  # the manifest is written last: it marks a finished build
 
     writers = {split: ShardWriter(out_dir, split, shard_tokens) for split in SPLITS}
+    # A transform's val shards get a byte sidecar (fineweb_val_bytes_*.bin, same format and boundaries): the bytes
+    # of original text behind each token, which val_bpb divides by; token lengths no longer give them.
+    sidecar = ShardWriter(out_dir, "val_bytes", shard_tokens) if spec.text_transform else None
     counts = {split: dict(documents=0, tokens=0, bytes=0, source_bytes=0) for split in SPLITS}
     bos = np.array([tokenizer.bos_id], dtype=np.uint16)
     t_encode = time.perf_counter()
@@ -204,6 +240,14 @@ def build_dataset(source: Source, spec: TokenizerSpec, data_dir: str | os.PathLi
                                      f"{tok_rel} (only characters that normalization removes)")
                 writers[doc.split].add(bos)  # BOS before every document, no EOS: the challenge's layout
                 writers[doc.split].add(ids)
+                if sidecar is not None and doc.split == "val":
+                    token_bytes = tokenizer.original_bytes(ids)
+                    if int(token_bytes.sum()) != n_bytes:
+                        raise ValueError(f"{name}: document {doc.doc_id!r}: its tokens count {int(token_bytes.sum())} "
+                                         f"bytes but its decoded, case-restored text has {n_bytes}; the byte sidecar "
+                                         f"cannot be exact with {tok_rel}")
+                    sidecar.add(np.zeros(1, dtype=np.uint16))  # BOS stands for no text
+                    sidecar.add(token_bytes)
                 c = counts[doc.split]
                 c["documents"] += 1
                 c["tokens"] += 1 + ids.size
@@ -215,24 +259,34 @@ def build_dataset(source: Source, spec: TokenizerSpec, data_dir: str | os.PathLi
             raise ValueError(f"{source.name}: the {split} split is empty ({counts['train']['documents']} train, "
                              f"{counts['val']['documents']} val documents); use more documents or change the split")
     shards = {split: writers[split].close() for split in SPLITS}
-    keep = {s.file for split in SPLITS for s in shards[split]}
+    splits = {split: {**counts[split], "shards": [dataclasses.asdict(s) for s in shards[split]]} for split in SPLITS}
+    if sidecar is not None:
+        splits["val"]["byte_sidecar"] = [dataclasses.asdict(s) for s in sidecar.close()]
+    keep = {s["file"] for s in manifest_shards({"splits": splits})}
     for stale in out_dir.glob("fineweb_*.bin"):  # shards of an earlier, larger build
         if stale.name not in keep:
             stale.unlink()
     encode_seconds = time.perf_counter() - t_encode
 
+    file_format = {"header": "256 x int32 little-endian: 20240520, 1, num_tokens, 0...",
+                   "tokens": "uint16 little-endian", "documents": "BOS, then the document's tokens; no EOS",
+                   "train_glob": "fineweb_train_*.bin", "val_glob": "fineweb_val_*.bin"}
+    if sidecar is not None:
+        file_format.update(val_glob="fineweb_val_[0-9]*.bin", val_bytes_glob="fineweb_val_bytes_*.bin",
+                           val_bytes="per val token, the UTF-8 bytes of the decoded, case-restored text it stands "
+                                     "for (BOS and operators 0); same header and uint16 layout as a shard")
+    tokenizer_info = {"variant": spec.name, "kind": spec.kind, "vocab_size": spec.vocab_size, "path": tok_rel,
+                      "sha256": tok_sha256, "bos_id": tokenizer.bos_id, "training": training}
+    if spec.text_transform:
+        tokenizer_info["text_transform"] = spec.text_transform
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "name": name,
-        "format": {"header": "256 x int32 little-endian: 20240520, 1, num_tokens, 0...",
-                   "tokens": "uint16 little-endian", "documents": "BOS, then the document's tokens; no EOS",
-                   "train_glob": "fineweb_train_*.bin", "val_glob": "fineweb_val_*.bin"},
+        "format": file_format,
         "source": source_info,
-        "tokenizer": {"variant": spec.name, "kind": spec.kind, "vocab_size": spec.vocab_size, "path": tok_rel,
-                      "sha256": tok_sha256, "bos_id": tokenizer.bos_id, "training": training},
+        "tokenizer": tokenizer_info,
         "shard_tokens": shard_tokens,
-        "splits": {split: {**counts[split], "shards": [dataclasses.asdict(s) for s in shards[split]]}
-                   for split in SPLITS},
+        "splits": splits,
         "encode_seconds": round(encode_seconds, 3),
     }
     atomic_write_json(manifest_path, manifest)

