@@ -3,15 +3,20 @@
     python records/compare.py records/track_cpu/2026-02-01_Candidate records/track_cpu/2026-01-01_Baseline
     python records/compare.py 2.5012,2.5031,2.4998 2.5124,2.5140,2.5101
     python records/compare.py --per-byte 1.2012,1.2031,1.1998 1.2124,1.2140,1.2101   # val_bpb values
+    python records/compare.py records/track_10min_16mb/2026-12-01_Mine \
+        ../parameter-golf/records/track_10min_16mb/2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611
 
-Each side is a record folder (its submission.json's per-seed val_loss and val_bpb, which
-check_record.py ties to the logs) or comma-separated per-seed values. The challenge's rule: the
-candidate's mean must be lower than the best's by at least MARGIN nats (0.005) with p < ALPHA (0.01).
+Each side is a record folder, ours or one of the challenge's accepted folders (their submission.json's
+seed_results: per-seed val_bpb, and val_loss where they give it), or comma-separated per-seed values. The
+challenge's rule: the candidate's mean must be lower than the best's by at least MARGIN nats (0.005) with
+p < ALPHA (0.01).
 
 The unit: val_loss is nats per *token*, so two records with different tokenizers cannot be compared
-in it (a bigger vocabulary has fewer, harder tokens). When the two sides' tokenizers differ (from
-their logs: the tokenizer file's name and VOCAB_SIZE), or with --per-byte, both sides are compared in
-nats per *byte*, val_bpb * ln 2, with the same margin in that unit; the report names the unit used.
+in it (a bigger vocabulary, or CaseOps' case operators, make other tokens). Both sides are compared in
+nats per *byte*, val_bpb * ln 2, with the same margin in that unit, when their tokenizers differ (our
+logs name the tokenizer file and VOCAB_SIZE), when a side is one of the challenge's folders (whose logs
+this tool does not read, so its tokenizer is unknown), when a side gives no val_loss, or with --per-byte;
+the report names the unit used.
 H0: mean(best) - mean(candidate) <= margin; H1: it is larger. Welch's test, since nothing makes two
 setups' seed-to-seed variances equal. It also says how many candidate seeds would reach p < alpha
 if the observed means and stds held, which is an estimate for planning, not a promise.
@@ -40,6 +45,7 @@ class Sample:
     losses: list | None  # the compared values: nats per token (val_loss), or per byte once in_unit() converts
     bpbs: list | None = None  # per-seed val_bpb, when known
     tokenizer: str | None = None  # "<tokenizer file> vocab <N>", when known
+    kind: str = "values"  # "values" typed in, "ours" (a folder with our logs), "challenge" (an accepted folder)
 
     @property
     def n(self) -> int:
@@ -70,34 +76,45 @@ class Comparison:
     unit: str = "nats per token (val_loss)"
 
 
-def record_tokenizer(folder: Path, sub: dict) -> str | None:
+def record_tokenizer(folder: Path, entries: list) -> str | None:
     """The tokenizer a record's runs used, from their logs' hyperparameters."""
     names = set()
-    for result in sub["results"]:
+    for entry in entries:
         try:
-            hp = parse_log(folder / result["log"]).hyperparameters
+            names.add(parse_log(folder / entry["log"]).tokenizer)
         except (OSError, KeyError, LogError):
             return None
-        if "tokenizer_path" not in hp:
-            return None
-        names.add(f"{Path(hp['tokenizer_path']).name} vocab {hp.get('vocab_size', '?')}")
     return names.pop() if len(names) == 1 else None
 
 
+def seed_entries(sub: dict) -> list:
+    """Per-seed entries of a submission.json, in the order of its seeds list: seed_results keyed by seed, as the
+    challenge's accepted folders and ours write them."""
+    results = sub.get("seed_results")
+    if not isinstance(results, dict) or not results:
+        raise KeyError("seed_results")
+    seeds = [str(s) for s in sub.get("seeds", [])]
+    order = seeds if seeds and set(seeds) == set(results) else list(results)
+    return [results[seed] for seed in order]
+
+
 def load_sample(spec: str, values_are_bpb: bool = False) -> Sample:
-    """A record folder, a submission.json, or comma-separated values (val_loss, or val_bpb)."""
+    """A record folder (ours or the challenge's), a submission.json, or comma-separated values (val_loss, or val_bpb)."""
     path = Path(spec)
     if path.is_dir():
         path = path / "submission.json"
     if path.is_file():
         sub = json.loads(path.read_text())
         try:
-            losses = [float(r["val_loss"]) for r in sub["results"]]
-            bpbs = [float(r["val_bpb"]) for r in sub["results"]]
+            entries = seed_entries(sub)
+            bpbs = [float(e["val_bpb"]) for e in entries]
         except (KeyError, TypeError, ValueError) as e:
-            raise SystemExit(f"error: {path} has no per-seed results[].val_loss and val_bpb ({e}); make it with "
+            raise SystemExit(f"error: {path} has no per-seed seed_results with val_bpb ({e}); make it with "
                              f"records/make_record.py") from None
-        return Sample(path.parent.name, losses, bpbs, record_tokenizer(path.parent, sub))
+        losses = [float(e["val_loss"]) for e in entries] if all("val_loss" in e for e in entries) else None
+        ours = all("log" in e for e in entries)
+        return Sample(path.parent.name, losses, bpbs, record_tokenizer(path.parent, entries) if ours else None,
+                      "ours" if ours else "challenge")
     try:
         values = [float(v) for v in spec.split(",") if v.strip()]
     except ValueError:
@@ -106,10 +123,17 @@ def load_sample(spec: str, values_are_bpb: bool = False) -> Sample:
     return Sample("values", None, values) if values_are_bpb else Sample("values", values)
 
 
-def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> str:
-    """Per byte when asked, or when both sides name their tokenizers and these differ."""
-    differ = candidate.tokenizer and best.tokenizer and candidate.tokenizer != best.tokenizer
-    return "byte" if per_byte or differ else "token"
+def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> tuple[str, str]:
+    """("byte" or "token", why): per token only when both sides can be read in the same per-token unit."""
+    if per_byte:
+        return "byte", "asked for"
+    if "challenge" in (candidate.kind, best.kind):
+        return "byte", "a side is a challenge folder, whose tokenizer this tool does not read"
+    if candidate.losses is None or best.losses is None:
+        return "byte", "a side gives no val_loss"
+    if candidate.tokenizer and best.tokenizer and candidate.tokenizer != best.tokenizer:
+        return "byte", "the tokenizers differ"
+    return "token", ""
 
 
 def in_unit(sample: Sample, unit: str) -> Sample:
@@ -159,6 +183,17 @@ def compare(candidate: Sample, best: Sample, margin=MARGIN_NATS, alpha=ALPHA) ->
                       seeds_needed(candidate, best, margin, alpha, both_sides=True))
 
 
+def compare_samples(candidate: Sample, best: Sample, per_byte=False, margin=MARGIN_NATS, alpha=ALPHA) -> Comparison:
+    """The test in the unit the two sides allow (see the module docstring); the unit is named in the result."""
+    unit, why = choose_unit(candidate, best, per_byte)
+    c = compare(in_unit(candidate, unit), in_unit(best, unit), margin, alpha)
+    if unit == "byte":
+        c.unit = f"nats per byte (val_bpb * ln 2; {why})"
+    elif not (candidate.tokenizer and best.tokenizer):
+        c.unit += "; a side's tokenizer is unknown: this is only valid if both used the same one"
+    return c
+
+
 def report(c: Comparison) -> str:
     lines = [f"unit: {c.unit}",
              f"{'':10} {'n':>3} {'mean':>14} {'std':>10}  source"]
@@ -191,16 +226,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     candidate = load_sample(args.candidate, args.per_byte)
     best = load_sample(args.best, args.per_byte)
-    unit = choose_unit(candidate, best, args.per_byte)
     try:
-        c = compare(in_unit(candidate, unit), in_unit(best, unit), args.margin, args.alpha)
+        c = compare_samples(candidate, best, args.per_byte, args.margin, args.alpha)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    if unit == "byte":
-        why = "asked for" if args.per_byte else "the tokenizers differ"
-        c.unit = f"nats per byte (val_bpb * ln 2; {why})"
-    elif not (candidate.tokenizer and best.tokenizer):
-        c.unit += "; a side's tokenizer is unknown: this is only valid if both used the same one"
     print(report(c))
     return 0 if c.significant else 1
 

@@ -1,43 +1,24 @@
 """Re-score a record's model file with the record's own train_gpt.py (check_record.py --deep).
 
-The record's script is imported by path (its top level has no side effects), so the model is built,
+The record's script is imported from its bytes (its top level has no side effects), so the model is built,
 loaded and evaluated by exactly the code that produced the claim. It needs from that script:
-Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, Layout(...), evaluate(model,
-val_tokens, luts, hp, layout) -> (val_loss, val_bpb) (for test-time training: test_time_train(...) -> per-chunk
-sums and metrics(sums)), and either load_tokenizer(path, vocab_size) and
-load_validation(pattern, seq_len, tokenizer) -> (val_tokens, bytes per position), or (older scripts)
+Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, Layout(...), metrics(sums) ->
+(val_loss, val_bpb) of score(model, val_tokens, luts, hp, layout[, sliding]) (older scripts: evaluate(...) ->
+(val_loss, val_bpb)) or of test_time_train(...)'s per-chunk sums, and either load_tokenizer(path, vocab_size) and
+load_validation(data_path or pattern, seq_len, tokenizer) -> (val_tokens, bytes per position), or (older scripts)
 load_tokenizer_luts(path, vocab_size) and load_validation_tokens(pattern, seq_len).
 """
 
 import dataclasses
-import hashlib
-import importlib.util
 import inspect
 import os
-import sys
 from pathlib import Path
 
-from runlog import RECORDS_DIR
+from runlog import RECORDS_DIR, import_source
 
 
 class DeepCheckUnavailable(RuntimeError):
     """The deep check cannot run here (no data, no torch, an incompatible script); not a problem of the record."""
-
-
-def import_script(script_path: Path):
-    digest = hashlib.sha256(script_path.read_bytes()).hexdigest()[:16]
-    name = f"record_train_gpt_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, script_path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except ImportError as e:
-        del sys.modules[name]
-        raise DeepCheckUnavailable(f"cannot import {script_path}: {e}") from e
-    return module
 
 
 def resolve_input(value, override, what: str) -> str:
@@ -52,13 +33,17 @@ def resolve_input(value, override, what: str) -> str:
     return str(found)
 
 
-def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_logged: dict,
+def evaluate_artifact(code: tuple[bytes, str], model_path, hyperparameters: dict, layout_logged: dict,
                       data_path=None, tokenizer_path=None, cpu_threads=None, mode="roundtrip") -> tuple[float, float]:
-    """(val_loss, val_bpb) of the model file, evaluated in this process by the record's script;
+    """(val_loss, val_bpb) of the model file, evaluated in this process by the record's script, given as
+    (source bytes, file name): the folder's train_gpt.py, or for a packed one the logged source it packs;
     on CPU with the run's thread count (more threads than cores crawl on a busy machine).
     mode "sliding" re-scores the sliding-window line, with a script whose evaluate() has that option;
     "ttt" re-runs score-first test-time training, with a script that has test_time_train()."""
-    mod = import_script(Path(script_path))
+    try:
+        mod = import_source(*code)
+    except ImportError as e:
+        raise DeepCheckUnavailable(f"cannot import {code[1]}: {e}") from e
     import torch
 
     threads_before = torch.get_num_threads()
@@ -71,7 +56,8 @@ def evaluate_artifact(script_path, model_path, hyperparameters: dict, layout_log
 
 
 def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, mode):
-    if mode == "sliding" and "sliding" not in inspect.signature(mod.evaluate).parameters:
+    evaluate = getattr(mod, "evaluate", None) or (lambda *args, **kw: mod.metrics(mod.score(*args, **kw)))
+    if mode == "sliding" and "sliding" not in inspect.signature(getattr(mod, "evaluate", mod.score)).parameters:
         raise DeepCheckUnavailable("the record's evaluate() has no sliding-window option")
     if mode == "ttt" and not hasattr(mod, "test_time_train"):
         raise DeepCheckUnavailable("the record's script has no test_time_train()")
@@ -92,7 +78,14 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
         # as the script's setup() cut the split: early versions by TRAIN_SEQ_LEN, later ones by the longer window
         longer = "max(hp.train_seq_len, hp.eval_seq_len)" in inspect.getsource(mod.setup)
         seq_len = max(hp.train_seq_len, hp.eval_seq_len) if longer else hp.train_seq_len
-        val_tokens, luts = mod.load_validation(pattern, seq_len, mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size))
+        tokenizer = mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+        params = inspect.signature(mod.load_validation).parameters
+        if "data_path" in params:  # scripts since 2026-11-24 take the folder (and read its byte sidecars)
+            sidecar = {"sidecar": hp.sidecar_bytes} if "sidecar" in params and hasattr(hp, "sidecar_bytes") else {}
+            val_tokens, luts = mod.load_validation(hp.data_path, seq_len, tokenizer, **sidecar)
+        else:
+            val_tokens, luts = mod.load_validation(pattern, seq_len, tokenizer)
+        val_tokens, luts = val_tokens.to(device), luts.to(device)
     else:  # per-id tables
         luts = mod.load_tokenizer_luts(hp.tokenizer_path, hp.vocab_size).to(device)
         val_tokens = mod.load_validation_tokens(pattern, hp.train_seq_len)
@@ -100,4 +93,4 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(model, val_tokens, luts, hp, layout).sum(0))
-    return mod.evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if mode == "sliding" else {}))
+    return evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if mode == "sliding" else {}))

@@ -9,13 +9,25 @@ users grep, so this parser accepts exactly those names and ignores any line it d
 The score of a run is its last `final_*_ttt_exact` line when the script ran score-first test-time
 training, else its last `final_*sliding_window*_exact` line when it evaluated with a sliding window,
 else its last `final_*_roundtrip_exact` line: all score the artifact after the compress -> reload
-round trip, and the last evaluation a run made is the one its record chose to be scored by. Every other tool (make, check, compare, summarize) reads runs through `parse_log`.
+round trip, and the last evaluation a run made is the one its record chose to be scored by. After the final
+passes, `final_eval_total eval_time:<ms>ms limit:<ms>ms passes:<name>:<ms>ms,...` sums the timed evaluation
+(older logs lack it: their passes' eval_time are summed). `Code size: N bytes (packed from M: PACK_CODE=1)`
+means the counted code is the packed self-extractor of the M-byte source (PACKED_HEAD). Every other tool
+(make, check, compare, summarize, sweep) reads runs through `parse_log`.
+
+A run that failed has `error: rank <r>: <message>` lines, each followed by its traceback; such a run is not
+finished, whatever else it logged. `progress:` lines (during evaluation) and anything unknown are ignored.
 """
 
+import base64
 import hashlib
+import importlib.util
 import json
+import linecache
+import lzma
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +40,12 @@ STEP_LINE = re.compile(r"step:(\d+)/(\d+)\s+(.*)")
 FINAL_LINE = re.compile(r"final_(\w+)\s+(.*)")
 FIELD = re.compile(r"([\w/]+):(\S+)")
 ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+ERROR_LINE = re.compile(r"error: rank (\d+): (.*)")
+EVAL_TOTAL_LINE = re.compile(r"final_eval_total eval_time:(\d+)ms limit:(\d+)ms passes:(\S+)"
+                             r"(?: graphs_compiled_inside:(\d+))?")
+# PACK_CODE=1: the counted code is a two-line self-extractor (lzma + base85) of the minified source
+PACKED_HEAD = b'import lzma as L,base64 as B\nexec(L.decompress(B.b85decode("'
+PACKED_TAIL = b'")))\n'
 
 
 class LogError(ValueError):
@@ -78,13 +96,16 @@ class RunLog:
     stopping_early: dict | None = None
     export_family: str | None = None  # "int8+zlib", "int6+lzma", ...
     model_bytes: int | None = None
-    code_bytes: int | None = None
+    code_bytes: int | None = None  # the counted code: the packed file's size under PACK_CODE=1
+    code_packed_from: int | None = None  # PACK_CODE=1: the size of the source it was packed from
     total_bytes: int | None = None
     artifact_path: str | None = None
     artifact_bytes: int | None = None
     artifact_sha256: str | None = None
     finals: dict = field(default_factory=dict)  # "int8_zlib_roundtrip_exact" -> fields
     calibration: dict = field(default_factory=dict)  # GPTQ's: calibration_time_ms, reserved_ms
+    eval_total: dict | None = None  # final_eval_total: eval_time_ms, passes {name: ms}, graphs_compiled_inside
+    errors: list = field(default_factory=list)  # "rank <r>: <message>" with its traceback lines, in log order
 
     @property
     def run_id(self) -> str:
@@ -118,7 +139,13 @@ class RunLog:
 
     @property
     def finished(self) -> bool:
-        return self.score_name is not None
+        """Scored, and no rank reported an error."""
+        return self.score_name is not None and not self.errors
+
+    @property
+    def error(self) -> str | None:
+        """The last error a rank logged, with its traceback."""
+        return self.errors[-1] if self.errors else None
 
     @property
     def val_loss(self) -> float | None:
@@ -139,6 +166,38 @@ class RunLog:
         if not self.finished:
             return None
         return self.finals.get(self.score_name.removesuffix("_exact"), {}).get("eval_time_ms")
+
+    @property
+    def pass_times_ms(self) -> dict:
+        """{final line name: eval_time_ms} of every timed final pass (roundtrip, sliding_window, ttt)."""
+        return {name: f["eval_time_ms"] for name, f in self.finals.items() if "eval_time_ms" in f}
+
+    @property
+    def eval_total_ms(self) -> float | None:
+        """All the timed evaluation after training: the final_eval_total line, or (older logs) the sum of the passes."""
+        if self.eval_total is not None:
+            return self.eval_total["eval_time_ms"]
+        return sum(self.pass_times_ms.values()) if self.pass_times_ms else None
+
+    @property
+    def prequant_val_bpb(self) -> float | None:
+        """The last in-training validation (`step:N/N val_loss val_bpb`): the model before the export."""
+        return next((s["val_bpb"] for s in reversed(self.steps) if "val_bpb" in s), None)
+
+    @property
+    def quant_gap_bpb(self) -> float | None:
+        """What the export round trip cost: round-trip val_bpb minus pre-quantization val_bpb."""
+        if self.roundtrip_val_bpb is None or self.prequant_val_bpb is None:
+            return None
+        return self.roundtrip_val_bpb - self.prequant_val_bpb
+
+    @property
+    def tokenizer(self) -> str | None:
+        """'<tokenizer file> vocab <N>', to tell whether two runs' val_loss are in the same unit."""
+        hp = self.hyperparameters
+        if "tokenizer_path" not in hp:
+            return None
+        return f"{Path(hp['tokenizer_path']).name} vocab {hp.get('vocab_size', '?')}"
 
     @property
     def last_step(self) -> int | None:
@@ -189,8 +248,14 @@ def parse_log(path) -> RunLog:
     path = Path(path)
     source, rest = split_source(path.read_bytes(), path)
     run = RunLog(path=path, source=source)
-    for line_no, line in enumerate(rest.decode("utf-8", errors="replace").splitlines(), start=1):
-        line = line.strip()
+    for line_no, raw in enumerate(rest.decode("utf-8", errors="replace").splitlines(), start=1):
+        line = raw.strip()
+        if m := ERROR_LINE.fullmatch(line):
+            run.errors.append(f"rank {m.group(1)}: {m.group(2)}")
+            continue
+        if run.errors:  # the traceback of the error above: its lines are not log lines
+            run.errors[-1] += "\n" + raw.rstrip()
+            continue
         try:
             parse_line(run, line)
         except (ValueError, KeyError) as e:
@@ -199,7 +264,12 @@ def parse_log(path) -> RunLog:
 
 
 def parse_line(run: RunLog, line: str) -> None:
-    if m := STEP_LINE.fullmatch(line):
+    if m := EVAL_TOTAL_LINE.fullmatch(line):
+        passes = dict(item.split(":") for item in m.group(3).split(","))
+        run.eval_total = {"eval_time_ms": float(m.group(1)), "limit_ms": float(m.group(2)),
+                          "passes": {name: float(ms.removesuffix("ms")) for name, ms in passes.items()},
+                          "graphs_compiled_inside": int(m.group(4)) if m.group(4) else None}
+    elif m := STEP_LINE.fullmatch(line):
         run.steps.append({"step": int(m.group(1)), "iterations": int(m.group(2)), **parse_fields(m.group(3))})
     elif m := FINAL_LINE.fullmatch(line):
         run.finals[m.group(1)] = parse_fields(m.group(2))
@@ -221,11 +291,12 @@ def parse_line(run: RunLog, line: str) -> None:
         run.stopping_early = parse_fields(line.removeprefix("stopping_early:"))
     elif m := re.fullmatch(r"Serialized model (\S+): (\d+) bytes", line):
         run.export_family, run.model_bytes = m.group(1), int(m.group(2))
-    elif m := re.fullmatch(r"Code size: (\d+) bytes", line):
+    elif m := re.fullmatch(r"Code size: (\d+) bytes(?: \(packed from (\d+): PACK_CODE=1\))?", line):
         run.code_bytes = int(m.group(1))
+        run.code_packed_from = int(m.group(2)) if m.group(2) else None
     elif m := re.fullmatch(r"Total submission size (\S+): (\d+) bytes", line):
         run.export_family, run.total_bytes = m.group(1), int(m.group(2))
-    elif m := re.fullmatch(r"artifact: (.+) bytes:(\d+) sha256:([0-9a-f]{64})", line):
+    elif m := re.fullmatch(r"artifact: (.+?) bytes:(\d+) sha256:([0-9a-f]{64})(?: .*)?", line):  # then export_time
         run.artifact_path, run.artifact_bytes, run.artifact_sha256 = m.group(1), int(m.group(2)), m.group(3)
 
 
@@ -239,5 +310,53 @@ def find_artifact(run: RunLog, *extra_dirs) -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
+def import_source(source: bytes, filename: str):
+    """A logged train_gpt.py as a module, from its bytes (its top level has no side effects); `filename` names it in
+    tracebacks and lets inspect read its source. One module per distinct source."""
+    name = f"logged_train_gpt_{sha256_hex(source)[:16]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    text = source.decode("utf-8")
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)  # None: never stale
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=filename))
+    module.__file__ = filename
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    try:
+        exec(compile(source, filename, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+_PACKED = {}  # source sha256 -> its packing, made once per process (lzma at its slowest setting)
+
+
+def pack_logged_source(source: bytes, filename: str) -> bytes:
+    """What PACK_CODE=1 counted: the logged script's own pack_source applied to the logged source."""
+    key = sha256_hex(source)
+    if key not in _PACKED:
+        _PACKED[key] = import_source(source, filename).pack_source(source)
+    return _PACKED[key]
+
+
+def unpack_code(packed: bytes) -> bytes | None:
+    """The program a PACK_CODE=1 file runs (its two lines exactly, nothing around them), or None if it is not one."""
+    if not (packed.startswith(PACKED_HEAD) and packed.endswith(PACKED_TAIL)):
+        return None
+    payload = packed[len(PACKED_HEAD):-len(PACKED_TAIL)]
+    if re.fullmatch(rb"[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]*", payload) is None:  # base85's alphabet: no quote, no newline
+        return None
+    try:
+        return lzma.decompress(base64.b85decode(payload))
+    except (ValueError, lzma.LZMAError):
+        return None
+
+
 def load_tracks(path=TRACKS_PATH) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def track_by_challenge_name(tracks: dict, spelled: str) -> str | None:
+    """Our track key (the folder name, track_cpu) for the challenge's spelling in submission.json (cpu)."""
+    return next((key for key, track in tracks.items() if track.get("challenge_name") == spelled), None)

@@ -1,14 +1,17 @@
-"""records/: make, check, compare and summarize. A real tiny run (made here, on the conftest data)
-goes through make -> check -> tamper -> check; synthetic logs in the exact log format cover the
+"""records/: make, check, compare and summarize. Three seeds of a real tiny run (made here, on the conftest data,
+with PACK_CODE=1) go through make -> check -> tamper -> check; synthetic logs in the exact log format cover the
 rules a tiny run cannot reach (16 MB caps, 10-minute limits, 8xH100 hardware)."""
 
+import base64
 import dataclasses
 import hashlib
 import json
+import lzma
 import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -42,16 +45,21 @@ class Hyperparameters:
     train_batch_tokens: int = 524_288
     num_layers: int = 9
     matrix_lr: float = 0.04
+    compressor: str = "zlib"
 '''
 FAKE_DEFAULTS = dict(data_path="./data/datasets/fineweb10B_sp1024", tokenizer_path="./data/tokenizers/fineweb_1024_bpe.model",
-                     run_id="", seed=1337, iterations=20_000, train_batch_tokens=524_288, num_layers=9, matrix_lr=0.04)
+                     run_id="", seed=1337, iterations=20_000, train_batch_tokens=524_288, num_layers=9, matrix_lr=0.04,
+                     compressor="zlib")
 H100 = "cuda: 8x NVIDIA H100 80GB HBM3"
 
 
 def write_log(path: Path, *, source=FAKE_SOURCE, settings=None, val_loss=2.05, val_bpb=1.2144,
               model_bytes=15_000_000, train_time_ms=599_500.0, steps=None, hardware=H100, device="cuda",
-              family="int8_zlib", sliding=None, eval_time_ms=1500.0, finished=True, val_every=0) -> Path:
-    """A log in train_gpt.py's format; `settings` are the env vars the command set, e.g. {"SEED": "7"}."""
+              family="int8_zlib", sliding=None, eval_time_ms=1500.0, finished=True, val_every=0, ttt=None,
+              eval_total=False, error=None) -> Path:
+    """A log in train_gpt.py's format; `settings` are the env vars the command set, e.g. {"SEED": "7"}.
+    sliding/ttt: (val_loss, val_bpb, eval_time_ms) of those passes; eval_total: end with final_eval_total;
+    error: the run fails with this message (an `error: rank 0:` line and a traceback) instead of exporting."""
     settings = {"RUN_ID": path.stem, **(settings or {})}
     hp = dict(FAKE_DEFAULTS)
     for name, value in settings.items():
@@ -74,7 +82,10 @@ def write_log(path: Path, *, source=FAKE_SOURCE, settings=None, val_loss=2.05, v
                  f"train_time:{train_time_ms:.0f}ms step_avg:{step_avg:.2f}ms")
     if steps < iterations:
         lines.append(f"stopping_early: wallclock_cap train_time:{train_time_ms:.0f}ms step:{steps}/{iterations}")
-    if finished:
+    if error is not None:
+        lines += [f"error: rank 0: Traceback (most recent call last):", '  File "train_gpt.py", line 1500, in main',
+                  "    train_and_score(run, source)", error]
+    elif finished:
         label = family.replace("_", "+")
         model_sha = hashlib.sha256(f"{path.stem}:{model_bytes}".encode()).hexdigest()
         lines += [f"Serialized model {label}: {model_bytes} bytes", f"Code size: {len(source)} bytes",
@@ -82,9 +93,17 @@ def write_log(path: Path, *, source=FAKE_SOURCE, settings=None, val_loss=2.05, v
                   f"artifact: logs/{path.stem}_model.ptz bytes:{model_bytes} sha256:{model_sha}",
                   f"final_{family}_roundtrip val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{eval_time_ms:.0f}ms",
                   f"final_{family}_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}"]
-        if sliding is not None:
-            lines += [f"final_{family}_sliding_window val_loss:{sliding[0]:.4f} val_bpb:{sliding[1]:.4f} eval_time:90000ms",
-                      f"final_{family}_sliding_window_exact val_loss:{sliding[0]:.8f} val_bpb:{sliding[1]:.8f}"]
+        passes = {"roundtrip": eval_time_ms}
+        for name, scored in (("sliding_window", sliding), ("ttt", ttt)):
+            if scored is not None:
+                loss, bpb, ms = (*scored, 90_000.0)[:3]
+                passes[name] = ms
+                lines += [f"progress: final_{family}_{name} 1024/2048 tokens/s:1000 left:1s",
+                          f"final_{family}_{name} val_loss:{loss:.4f} val_bpb:{bpb:.4f} eval_time:{ms:.0f}ms",
+                          f"final_{family}_{name}_exact val_loss:{loss:.8f} val_bpb:{bpb:.8f}"]
+        if eval_total:
+            lines.append(f"final_eval_total eval_time:{sum(passes.values()):.0f}ms limit:600000ms passes:"
+                         + ",".join(f"{name}:{ms:.0f}ms" for name, ms in passes.items()) + " graphs_compiled_inside:0")
     header = f"==== train_gpt.py source bytes:{len(source)} sha256:{hashlib.sha256(source).hexdigest()} ====\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(header.encode() + source + b"\n==== end of source ====\n" + "\n".join(lines).encode() + b"\n")
@@ -97,6 +116,7 @@ def seed_logs(tmp_path, seeds=(1, 2, 3), losses=(2.050, 2.052, 2.048), **kwargs)
 
 
 def make(logs, tmp_path, track="track_10min_16mb", short_name="Test", **kwargs) -> Path:
+    """make_record.py's command line, with an author, into tmp_path/records."""
     argv = [*map(str, logs), "--track", track, "--name", "Test Record", "--short-name", short_name,
             "--author", "Ada Lovelace", "--github-id", "ada", "--blurb", "A record made by the tests.",
             "--date", "2026-01-02", "--records-dir", str(tmp_path / "records")]
@@ -108,16 +128,15 @@ def make(logs, tmp_path, track="track_10min_16mb", short_name="Test", **kwargs) 
 def forge(logs, tmp_path, track="track_10min_16mb") -> Path:
     """A record folder assembled by hand, as a user might, without make's refusal of bad runs."""
     runs = [runlog.parse_log(p) for p in logs]
-    args = make_record.argparse.Namespace(author="Ada", github_id="ada", name="Forged", blurb="By hand.",
-                                          date="2026-01-02", track=track)
+    meta = dict(author="Ada", github_id="ada", name="Forged", blurb="By hand.", date="2026-01-02")
     folder = tmp_path / "records" / track / "2026-01-02_Forged"
     folder.mkdir(parents=True)
     (folder / "train_gpt.py").write_bytes(runs[0].source)
     for p in logs:
         shutil.copyfile(p, folder / p.name)
-    sub = make_record.submission_for(runs, args, runs[0].source)
+    sub = make_record.submission_for(runs, meta, runs[0].source, TRACKS[track])
     (folder / "submission.json").write_text(json.dumps(sub, indent=2))
-    (folder / "README.md").write_text(make_record.readme_for(runs, sub))
+    (folder / "README.md").write_text(make_record.readme_for(runs, sub, track, TRACKS[track], folder.name))
     return folder
 
 
@@ -191,6 +210,8 @@ def test_a_valid_synthetic_record_passes(tmp_path):
     assert check_record.check_folder(folder) == []
     sub = json.loads((folder / "submission.json").read_text())
     assert sub["seeds"] == [1, 2, 3] and sub["val_loss"] == pytest.approx(2.05, abs=1e-9)
+    assert sub["track"] == "10min_16mb" and list(sub["seed_results"]) == ["1", "2", "3"]
+    assert sub["val_loss_std"] == pytest.approx(0.002, abs=1e-9)  # sample std of 2.050, 2.052, 2.048
     assert sub["bytes_code"] == len(FAKE_SOURCE) == (folder / "train_gpt.py").stat().st_size
 
 
@@ -263,27 +284,28 @@ def test_make_never_overwrites_and_refuses_mixed_or_duplicate_runs(tmp_path):
 TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", MLP_MULT="2", TRAIN_SEQ_LEN="64",
                 TRAIN_BATCH_TOKENS="1024", VAL_BATCH_SIZE="8192", ITERATIONS="6", WARMUP_STEPS="0",
                 VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT="1", TTT_CHUNK_TOKENS="1024",
-                TTT_LR="0.01")  # the score is test-time training's, which a deep check must re-run
+                TTT_LR="0.01", PACK_CODE="1")  # the score is TTT's, which a deep check must re-run; the code is packed
 
 
 @pytest.fixture(scope="module")
 def tiny_runs(tiny_data, tmp_path_factory) -> list[Path]:
-    """Two seeds of a real train_gpt.py run on the tiny data; returns their logs."""
+    """Three seeds of a real train_gpt.py run on the tiny data, as a record has them; returns their logs."""
     import train_gpt
 
     cwd = tmp_path_factory.mktemp("tiny_runs")
     hparam_names = {f.name.upper() for f in dataclasses.fields(train_gpt.Hyperparameters)}
-    logs = []
-    for seed in (7, 8):
+    procs = {}
+    for seed in (7, 8, 9):  # side by side, one thread each
         env = {k: v for k, v in os.environ.items() if k not in hparam_names}
         env.update(TINY_ENV, DATA_PATH=str(tiny_data.data_path), TOKENIZER_PATH=str(tiny_data.tokenizer_path),
                    VOCAB_SIZE=str(tiny_data.vocab_size), SEED=str(seed), RUN_ID=f"tiny_seed{seed}",
-                   OMP_NUM_THREADS="1")
-        proc = subprocess.run([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=cwd,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        logs.append(cwd / "logs" / f"tiny_seed{seed}.txt")
-    return logs
+                   OMP_NUM_THREADS="1", DEVICE="cpu", COMPILE="0", BF16="0")
+        procs[seed] = subprocess.Popen([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=cwd,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for proc in procs.values():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+    return [cwd / "logs" / f"tiny_seed{seed}.txt" for seed in procs]
 
 
 @pytest.fixture
@@ -293,43 +315,101 @@ def tiny_record(tiny_runs, tmp_path) -> Path:
 
 def test_real_run_makes_a_record_that_passes(tiny_record, tiny_runs):
     assert check_record.check_folder(tiny_record) == []
-    # byte-identical to what ran
-    assert (tiny_record / "train_gpt.py").read_bytes() == (ROOT / "train_gpt.py").read_bytes()
+    script = (tiny_record / "train_gpt.py").read_bytes()
+    logged = runlog.parse_log(tiny_runs[0]).source
+    # the packed file the runs counted (PACK_CODE=1), decoded here by hand: the logged program, docstrings aside
+    size, packed_from = map(int, re.search(r"^Code size: (\d+) bytes \(packed from (\d+): PACK_CODE=1\)$",
+                                           tiny_runs[0].read_text(), re.M).groups())
+    assert (len(script), packed_from) == (size, len(logged)) and size < len(logged) / 2
+    head, payload, tail = re.fullmatch(rb'(import lzma as L,base64 as B\nexec\(L\.decompress\(B\.b85decode\(")(.*)'
+                                       rb'("\)\)\)\n)', script, re.S).groups()
+    program = lzma.decompress(base64.b85decode(payload)).decode()
+    assert '"""train_gpt.py:' not in program and "def pack_source" in program and "def main" in program
     sub = json.loads((tiny_record / "submission.json").read_text())
-    for result, log in zip(sub["results"], tiny_runs):  # the claims, read from the logs by a separate regex
-        text = log.read_text()
+    for seed, log in zip((7, 8, 9), tiny_runs):  # the claims, read from the logs by a separate regex
+        result, text = sub["seed_results"][str(seed)], log.read_text()
         loss, bpb = re.search(r"^final_\w+_ttt_exact val_loss:(\S+) val_bpb:(\S+)$", text, re.M).groups()
         total = re.search(r"^Total submission size \S+: (\d+) bytes$", text, re.M).group(1)
+        eval_ms = re.search(r"^final_eval_total eval_time:(\d+)ms", text, re.M).group(1)
         assert (result["val_loss"], result["val_bpb"], result["artifact_bytes"]) == (float(loss), float(bpb), int(total))
+        assert result["eval_time_s"] == int(eval_ms) / 1000
         model = tiny_record / Path(re.search(r"^artifact: (\S+) bytes:", text, re.M).group(1)).name
         assert result["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
-    assert sub["bytes_code"] == len((ROOT / "train_gpt.py").read_bytes())
+    assert sub["bytes_code"] == len(script)
     readme = (tiny_record / "README.md").read_text()
     command = re.search(r"^command: (.*)$", tiny_runs[0].read_text(), re.M).group(1)
     assert command in readme and "SEED=7" in command and f"{sub['val_bpb']:.4f}" in readme
 
 
+def test_a_tiny_record_has_every_field_of_the_challenges_folders(tiny_record):
+    """What the challenge's accepted folders hold (records/track_10min_16mb/* of openai/parameter-golf)."""
+    sub = json.loads((tiny_record / "submission.json").read_text())
+    for key in ("name", "author", "github_id", "date", "track", "blurb", "val_bpb", "val_loss", "val_bpb_std",
+                "val_loss_std", "seeds", "seed_results", "hardware", "pytorch_version", "compliance", "bytes_total",
+                "bytes_code", "eval_time_s_mean"):
+        assert sub[key] is not None, key
+    assert sub["track"] == "non_record_16mb" and sub["seeds"] == [7, 8, 9]
+    assert (sub["author"], sub["github_id"]) == ("Ada Lovelace", "ada")
+    for seed in ("7", "8", "9"):
+        challenge_fields = {"val_loss", "val_bpb", "artifact_bytes", "steps", "step_avg_ms", "eval_time_s"}
+        assert challenge_fields <= set(sub["seed_results"][seed])
+    bpbs = [sub["seed_results"][s]["val_bpb"] for s in ("7", "8", "9")]
+    assert sub["val_bpb_std"] == pytest.approx(statistics.stdev(bpbs), abs=1e-8)
+    assert sub["compliance"] == dict(train_under_limit=True, artifact_under_cap=True, eval_under_limit=True,
+                                     score_first_ttt=True, calibration_inside_budget=True, three_seeds=True)
+    assert (tiny_record / "requirements.txt").read_text().split("\n")[1:3] == ["numpy", "sentencepiece"]
+    readme = (tiny_record / "README.md").read_text()
+    for section in ("## Results", "## What changed", "## Data", "## Install", "## Compliance", "## Reproduction",
+                    "## Opening the pull request"):
+        assert section in readme, section
+    assert "score-first" in readme and "records/track_non_record_16mb/" in readme and "*.ptz" in readme
+    assert "pip install torch==2.13" in readme and "pip install -r requirements.txt" in readme
+
+
 def test_check_catches_a_tampered_submission(tiny_record):
-    edit_json(tiny_record / "submission.json", lambda s: s["results"][0].update(val_bpb=s["results"][0]["val_bpb"] - 0.01))
+    edit_json(tiny_record / "submission.json",
+              lambda s: s["seed_results"]["7"].update(val_bpb=s["seed_results"]["7"]["val_bpb"] - 0.01))
     only_problem(check_record.check_folder(tiny_record), r"seed 7 claims val_bpb=.* but tiny_seed7\.txt shows")
 
 
-def test_check_catches_a_swapped_script(tiny_record):
-    script = bytearray((tiny_record / "train_gpt.py").read_bytes())
-    first_letter = next(i for i, b in enumerate(script) if chr(b).isalpha())
-    script[first_letter:first_letter + 1] = chr(script[first_letter]).swapcase().encode()
-    script = bytes(script)
-    (tiny_record / "train_gpt.py").write_bytes(script)  # same size, so only the content can give it away
-    edit_json(tiny_record / "submission.json", lambda s: s.update(script_sha256=hashlib.sha256(script).hexdigest()))
+def repack(script: bytes, edit) -> bytes:
+    """A packed file of another program: `edit` changes the unpacked code."""
+    head, payload, tail = re.fullmatch(rb'(.*?b85decode\(")(.*)("\)\)\)\n)', script, re.S).groups()
+    program = edit(lzma.decompress(base64.b85decode(payload)))
+    return head + base64.b85encode(lzma.compress(program)) + tail
+
+
+def test_check_catches_a_packed_script_of_another_program(tiny_record):
+    script = (tiny_record / "train_gpt.py").read_bytes()
+    other = repack(script, lambda program: program.replace(b"def main", b"def main_", 1))
+    (tiny_record / "train_gpt.py").write_bytes(other)
+    edit_json(tiny_record / "submission.json", lambda s: s.update(script_sha256=hashlib.sha256(other).hexdigest(),
+                                                                  bytes_code=len(other)))
     problems = check_record.check_folder(tiny_record)
-    assert len(problems) == 2 and all("differs from train_gpt.py" in p for p in problems), problems
+    assert any("is not the logged source (AST dumps differ" in p for p in problems), problems
+    assert any("re-packing the logged source with its own pack_source gives" in p for p in problems), problems
+    # the same program with anything after its two lines is not the logged packing either
+    extra = script + b"print('and more')\n"
+    (tiny_record / "train_gpt.py").write_bytes(extra)
+    edit_json(tiny_record / "submission.json", lambda s: s.update(script_sha256=hashlib.sha256(extra).hexdigest(),
+                                                                  bytes_code=len(extra)))
+    assert any("not exactly its two lines" in p for p in check_record.check_folder(tiny_record))
+
+
+def test_check_refuses_the_readable_source_where_the_runs_counted_it_packed(tiny_record, tiny_runs):
+    readable = runlog.parse_log(tiny_runs[0]).source
+    (tiny_record / "train_gpt.py").write_bytes(readable)
+    edit_json(tiny_record / "submission.json", lambda s: s.update(script_sha256=hashlib.sha256(readable).hexdigest(),
+                                                                  bytes_code=len(readable)))
+    problems = check_record.check_folder(tiny_record)
+    assert len(problems) == 3 and all("must be that packed file" in p for p in problems), problems
 
 
 def test_deep_check_recomputes_the_score_and_catches_a_forged_claim(tiny_record):
     notes = []
     assert check_record.check_folder(tiny_record, deep=True, notes=notes) == []
-    assert len(notes) == 4 and all("recomputed" in n for n in notes)  # round trip and TTT, of each seed
-    assert sum("test-time-training val_bpb" in n for n in notes) == 2
+    assert len(notes) == 6 and all("recomputed" in n for n in notes)  # round trip and TTT, of each seed
+    assert sum("test-time-training val_bpb" in n for n in notes) == 3
     # Forge a better score in the log and in submission.json alike: only re-scoring can tell.
     log = tiny_record / "tiny_seed7.txt"
     text = log.read_text()
@@ -338,8 +418,9 @@ def test_deep_check_recomputes_the_score_and_catches_a_forged_claim(tiny_record)
     log.write_text(text[:m.start(1)] + f"{claimed - 0.05:.8f}" + text[m.end(1):])
 
     def forge_claim(sub):
-        sub["results"][0]["val_bpb"] = round(claimed - 0.05, 8)
-        sub["val_bpb"] = round(sum(r["val_bpb"] for r in sub["results"]) / 2, 8)
+        sub["seed_results"]["7"]["val_bpb"] = round(claimed - 0.05, 8)
+        bpbs = [r["val_bpb"] for r in sub["seed_results"].values()]
+        sub["val_bpb"], sub["val_bpb_std"] = round(statistics.fmean(bpbs), 8), round(statistics.stdev(bpbs), 8)
     edit_json(tiny_record / "submission.json", forge_claim)
     assert check_record.check_folder(tiny_record) == []
     only_problem(check_record.check_folder(tiny_record, deep=True), r"tiny_seed7\.txt: reloading \S+ gives")
@@ -449,9 +530,10 @@ def test_summarize_sorts_by_score_and_shows_only_changed_settings(tmp_path):
     (logs / "notes.txt").write_text("not a run log\n")
     runs, skipped = summarize.load_runs(logs)
     assert len(runs) == 3 and len(skipped) == 1
-    lines = summarize.table(runs).splitlines()
+    text, _, _ = summarize.report(*summarize.results_from_runs(runs), grouped=False)
+    lines = text.splitlines()
     assert lines[0] == "every run: ITERATIONS=500"  # shared by all runs, printed once
-    rows = [line.split() for line in lines[2:]]
+    rows = [line.split() for line in lines[2:5]]
     assert [r[0] for r in rows] == ["deep", "base", "crashed"]
     assert rows[0][1] == "NUM_LAYERS=11" and rows[1][1] == "(defaults)"  # NUM_LAYERS=9 is the default
     assert rows[2][1] == "MATRIX_LR=0.06" and "unfinished" in rows[2]
@@ -462,9 +544,9 @@ def test_summarize_writes_validation_curves(tmp_path):
     for name, bpb in (("a", 1.20), ("b", 1.25)):
         write_log(tmp_path / "logs" / f"{name}.txt", val_bpb=bpb, steps=300, val_every=100,
                   settings={"ITERATIONS": "300"})
-    png = tmp_path / "curves.png"
-    assert summarize.main([str(tmp_path / "logs"), "--png", str(png)]) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summarize.main([str(tmp_path / "logs"), "--plots", str(tmp_path / "plots")]) == 0
+    for name in ("val_bpb_vs_step.png", "val_bpb_vs_wallclock.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- THE TRACKS AND THE COMMITTED RECORDS ----
