@@ -1,7 +1,7 @@
 """What a configuration costs on 8×H100, by arithmetic, and what its artifact weighs, by a real export.
 
     env $STACK python bench/record_shape.py [--mfu 0.38 0.24 0.15]   (STACK: README, "The record track")
-        [--val-tokens 37.5e6] [--gpus 8] [--peak 989e12] [--memory]
+        [--val-tokens 40540160] [--gpus 8] [--peak 989e12] [--memory] [--keep artifact.ptz]
 
 The settings come from the environment, as for train_gpt.py (and are validated the same way). Printed:
 - parameters, and FLOPs per trained token (train_gpt.count_flops_per_token: 6 per matmul weight, looped
@@ -21,7 +21,6 @@ The settings come from the environment, as for train_gpt.py (and are validated t
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -32,7 +31,8 @@ from run_files import ROOT, tg
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mfu", type=float, nargs="+", default=[0.38, 0.24, 0.15])
-    parser.add_argument("--val-tokens", type=float, default=37.5e6, help="validation tokens of the run's tokenizer")
+    parser.add_argument("--val-tokens", type=float, default=40_540_160, help="validation tokens (sp8192: the field's)")
+    parser.add_argument("--keep", type=Path, help="also write the artifact here (for bench/compressors.py)")
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--peak", type=float, default=989e12, help="dense bf16 FLOP/s per GPU (H100 SXM)")
     parser.add_argument("--memory", action="store_true", help="measure the activations one sequence saves (slow)")
@@ -54,7 +54,7 @@ def main() -> None:
     looped_from = hp.loop_start_frac if hp.loop_repeats else 1.0
     window = hp.eval_seq_len or hp.train_seq_len
     forwards = {"round trip": 1.0}
-    if hp.eval_stride:
+    if hp.eval_stride and (hp.sliding_eval or not hp.ttt):  # SLIDING_EVAL=0 leaves the sliding windows to TTT
         forwards["sliding"] = window / hp.eval_stride
     if hp.ttt:
         forwards["TTT"] = (window / hp.eval_stride if hp.eval_stride else 1.0) + 3.0 * hp.ttt_epochs
@@ -73,16 +73,17 @@ def main() -> None:
         saved_for_backward(model, hp, args.gpus)
     torch.manual_seed(1)  # the same draw with or without --memory
     with torch.no_grad():
-        for p in model.parameters():
-            if tg.is_quantized(p):
+        for name, p in model.named_parameters():
+            if tg.is_quantized(name, p):
                 p.normal_(0.0, 0.02)
-    with tempfile.TemporaryDirectory() as folder:
-        blob = tg.save_artifact(model.state_dict(), Path(folder) / "model.ptz", hp)
-    code = len((ROOT / "train_gpt.py").read_bytes())
+    blob = tg.save_artifact(model.state_dict(), args.keep, hp)
+    source = (ROOT / "train_gpt.py").read_bytes()
+    code = len(tg.pack_source(source) if hp.pack_code else source)
     total = len(blob) + code
     verdict = f"{16_000_000 - total:,} under the cap" if total <= 16_000_000 else f"{total - 16_000_000:,} OVER the cap"
     print(f"artifact (normal weights): {len(blob):,} bytes int{hp.quant_bits}+{hp.compressor} "
-          f"({len(blob) / params:.3f} per parameter) + code {code:,} = {total:,} bytes, {verdict}")
+          f"({len(blob) / params:.3f} per parameter) + code {code:,}{' packed' * hp.pack_code} = {total:,} bytes, "
+          f"{verdict}" + (f"; kept as {args.keep}" if args.keep else ""))
 
 
 def saved_for_backward(model: "tg.GPT", hp: "tg.Hyperparameters", gpus: int) -> None:

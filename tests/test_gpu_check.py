@@ -1,0 +1,25 @@
+"""bench/gpu_check.py's CPU dry run: the same runs and table as on a GPU, at tiny shapes, so that the first GPU hour
+starts from a script that already works."""
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_the_dry_run_fills_every_row(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out",
+                          str(tmp_path / "check.json")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["bitwise"] is True, "two identical runs must agree bit for bit"
+    assert report["eval"]["graphs_compiled_inside"] == 0, "nothing compiles inside a timed final pass"
+    assert set(report["eval"]["passes_ms"]) == {"roundtrip", "sliding_window", "ttt"}
+    assert report["eval"]["export_ms"] > 0 and report["eval"]["calibration_ms"] > 0, "export with GPTQ"
+    assert report["record"]["ms_per_step_before_loop"] and report["record"]["ms_per_step_after_loop"]
+    after_warmup, after_training = report["compile_counts"]
+    assert after_training == after_warmup + 1, "training compiles only the last validation's graph"
+    assert "| check |" in out.stdout.replace("  ", "") or "| check" in out.stdout
+    assert len(report["rows"]) >= 10
