@@ -127,8 +127,6 @@ class Hyperparameters:
     attn_quant_sigmas: float = 0.0  # ... for attention matrices; 0: QUANT_SIGMAS
     mlp_quant_sigmas: float = 0.0  # ... for MLP matrices; 0: QUANT_SIGMAS
     embed_quant_sigmas: float = 0.0  # ... for the embedding; 0: searched clip
-    lqer_rank: int = 0  # low-rank (int2 x int4) correction of the quantization error of LQER_TOP_K matrices; 0: off
-    lqer_top_k: int = 3  # ... the matrices whose error is largest
     sidecar_bytes: str = "check"  # a byte sidecar's counts must match the decoded text; trust: as the field, unchecked
     compressor: str = "zlib"  # zlib, lzma or brotli (the smallest)
     pack_code: bool = False  # count the code at its packed size (minified, lzma, base85: records/make_record.py)
@@ -226,9 +224,8 @@ FIELD_NAMES = dict(
     EMBED_CLIP_SIGMAS="EMBED_QUANT_SIGMAS", MUON_ROW_NORMALIZE="MUON_ROW_NORM", ADAM_WD="SCALAR_WD",
     VAL_BATCH_TOKENS="VAL_BATCH_SIZE", SKIP_GATES_ENABLED="SKIP_GATES", SMEAR_GATE_ENABLED="SMEAR_GATE",
     SPARSE_ATTN_GATE_ENABLED="ATTN_GATE", ARTIFACT_DIR="LOG_DIR", DATASETS_DIR="DATA_PATH")
-FIELD_AS_OURS = dict(GATE_WINDOW="12", SPARSE_ATTN_GATE_SCALE="0.5", GATED_ATTN_QUANT_GATE="1", LQER_ENABLED="1",
-                     PARALLEL_FINAL_LANE="mean", ROPE_YARN="0", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1", TIE_EMBEDDINGS="1",
-                     LQER_ASYM_ENABLED="1", LQER_FACTOR_BITS="4", LQER_ASYM_GROUP="64")
+FIELD_AS_OURS = dict(GATE_WINDOW="12", SPARSE_ATTN_GATE_SCALE="0.5", GATED_ATTN_QUANT_GATE="1", LQER_ENABLED="0",
+                     PARALLEL_FINAL_LANE="mean", ROPE_YARN="0", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1", TIE_EMBEDDINGS="1")
 RETIRED = ("QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE", "GPTQ_DAMP",
            "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR")  # ours, retired 2026-11-24 (README): refused, never ignored
 FIELD_LACKS = ("TTT_ PHASED_TTT_ GLOBAL_TTT_ GPTQ_CALIBRATION_BATCHES GATE ATTN_OUT_GATE SPARSE_ATTN_GATE_ WD_TAPER "
@@ -238,8 +235,6 @@ FIELD_LACKS = ("TTT_ PHASED_TTT_ GLOBAL_TTT_ GPTQ_CALIBRATION_BATCHES GATE ATTN_
 def with_field_names(environ) -> dict:
     """environ with the field's names as ours (DATA_DIR: two paths); refuses, at once, all we lack."""
     ours, refused = dict(environ), []
-    if environ.get("LQER_ENABLED") == "1":
-        ours.setdefault("LQER_RANK", "4")  # the field's default rank
     if "DATA_DIR" in environ:  # the two paths, as the field derives them
         root, vocab = environ["DATA_DIR"], environ.get("VOCAB_SIZE", "1024")
         ours.setdefault("DATA_PATH", f"{root}/datasets/fineweb10B_sp{vocab}")
@@ -889,7 +884,7 @@ def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp=0.01, sigmas: float = 0.
 def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
     """Matrices -> per-row integers (quant_spec), a byte each (packed bits hide their distribution from the compressor),
     fp16 scales, GPTQ where hessians has it; other floats fp16, controls fp32. What it cannot hold stops the export."""
-    ints, scales, floats, dtypes, errors = {}, {}, {}, {}, {}
+    ints, scales, floats, dtypes = {}, {}, {}, {}
     for name, tensor in state_dict.items():
         tensor = stored = tensor.detach().cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
@@ -904,35 +899,15 @@ def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
                 else quantize_rows(tensor.float(), bits, sigmas)
             ints[name], scales[name] = q.to(torch.int8), scale.half()
             stored = scales[name]  # a scale beyond fp16's range is inf
-            if hp.lqer_rank and not name.endswith("attn_gate"):
-                errors[name] = tensor.float() - q * scale.half().float()[:, None]
         if not (torch.isfinite(tensor).all() and torch.isfinite(stored).all()):
             raise ConfigError(f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond fp16's "
                               "65504 in its stored form; no artifact can hold this model: lower the learning rates")
-    worst = sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]
-    lqer = {name: lqer_factors(errors[name], hp.lqer_rank) for name in worst}
-    return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes, "lqer": lqer}
-
-def lqer_factors(error: Tensor, rank: int, group: int = 64) -> list[Tensor]:
-    """LQER (Zhang et al. 2024), as the field: error ~ A B, A = U_r S_r at int2 (one scale), B = V_r^T at int4 (per 64)."""
-    U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
-    B = F.pad(Vh[:rank].float().flatten(), (0, -rank * error.size(1) % group))
-    return [*asymmetric_ints((U[:, :rank] * S[:rank]).float().reshape(1, -1), 2), *asymmetric_ints(B.view(-1, group), 4)]
-
-def asymmetric_ints(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """Rows of x as integers in [-2^(bits-1), 2^(bits-1) - 1] with an fp16 scale of absmax / (2^(bits-1) - 0.5)."""
-    top = 2 ** (bits - 1)
-    scale = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(2.0 ** -14, 65504.0).half()
-    return torch.clamp(torch.round(x / scale.float()), -top, top - 1).to(torch.int8), scale
+    return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
     ints, scales = obj["ints"], obj["scales"]
-    weights = {name: ints[name].float() * scales[name].float()[:, None] if name in ints else obj["floats"][name]
-               for name in obj["dtypes"]}
-    for name, (a, a_scale, b, b_scale) in obj.get("lqer", {}).items():  # + A B, the low-rank error correction
-        A, cols = (a.float() * a_scale.float()).view(weights[name].size(0), -1), weights[name].size(1)  # (rows, rank)
-        weights[name] += A @ (b.float() * b_scale.float()).flatten()[:A.size(1) * cols].view(A.size(1), cols)
-    return {name: w.to(getattr(torch, obj["dtypes"][name])) for name, w in weights.items()}
+    return {name: (ints[name].float() * scales[name].float()[:, None] if name in ints else obj["floats"][name])
+            .to(getattr(torch, dtype)) for name, dtype in obj["dtypes"].items()}
 
 def save_artifact(state_dict: dict[str, Tensor], path: Path | None, hp: Hyperparameters, hessians=None) -> bytes:
     """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
