@@ -66,7 +66,8 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     hp = mod.Hyperparameters(**{k: v for k, v in hyperparameters.items() if k in names})
     hp.data_path = resolve_input(hp.data_path, data_path, "data_path")
     hp.tokenizer_path = resolve_input(hp.tokenizer_path, tokenizer_path, "tokenizer_path")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # the device the run scored on, where there is one: a CPU run's score is recomputed on the CPU, to 1e-8
+    device = torch.device("cuda" if torch.cuda.is_available() and layout_logged.get("device") == "cuda" else "cpu")
     # One process doing the work of world_size x grad_accum_steps: same per-forward batch as the run.
     accum = int(layout_logged.get("world_size", 1)) * int(layout_logged.get("grad_accum_steps", 1))
     same_device = layout_logged.get("device") == device.type
