@@ -100,18 +100,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: the same runs and table")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    parser.add_argument("--sp1024", type=Path, default=ROOT / "data/datasets/sotu_sp1024")
-    parser.add_argument("--sp8192", type=Path, default=ROOT / "data/datasets/sotu_sp8192")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds datasets/ and tokenizers/")
+    parser.add_argument("--sp1024", type=Path, help="default: DATA_DIR/datasets/sotu_sp1024")
+    parser.add_argument("--sp8192", type=Path, help="default: DATA_DIR/datasets/sotu_sp8192")
     parser.add_argument("--steps", type=int, default=60, help="timed steps of the default shape (after 20 of warmup)")
     parser.add_argument("--val-tokens", type=int, default=262_144, help="validation slice for the record-shape passes")
     args = parser.parse_args()
+    args.sp1024 = args.sp1024 or args.data_dir / "datasets/sotu_sp1024"
+    args.sp8192 = args.sp8192 or args.data_dir / "datasets/sotu_sp8192"
     import torch
 
     gpus = 0 if args.dry_run else torch.cuda.device_count()
     if not gpus and not args.dry_run:
         sys.exit("gpu_check: no CUDA GPU is visible; run with --dry-run for the CPU rehearsal")
     base = dict(DEVICE="cpu", COMPILE=1, BF16=0) if args.dry_run else dict(DEVICE="cuda")
-    tok = {1024: ROOT / "data/tokenizers/sotu_1024_bpe.model", 8192: ROOT / "data/tokenizers/sotu_8192_bpe.model"}
+    tok = {v: args.data_dir / f"tokenizers/sotu_{v}_bpe.model" for v in (1024, 8192)}
     for path in (args.sp1024, args.sp8192 if not args.dry_run else args.sp1024, *tok.values()):
         if not path.exists() and (path != tok[8192] or not args.dry_run):
             sys.exit(f"gpu_check: {path} is missing: python data/build_sotu.py --variant sp1024 sp8192")

@@ -9,9 +9,13 @@ from conftest import ROOT
 
 
 def test_the_dry_run_fills_every_row(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out",
-                          str(tmp_path / "check.json")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    # the offline corpus's sp1024 variant from its first 30 speeches, built here: a fresh clone has no data
+    build = subprocess.run([sys.executable, str(ROOT / "data" / "build_sotu.py"), "--documents", "30", "--variant",
+                            "sp1024", "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--data-dir",
+                          str(tmp_path / "data"), "--out", str(tmp_path / "check.json")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["bitwise"] is True, "two identical runs must agree bit for bit"
