@@ -251,22 +251,11 @@ def run_rows(results: list[Result]) -> list[dict]:
 
 # ---- OUTPUT ----
 
+CELL_FORMATS = {"bpb": "{:.4f}", "gap": "{:+.4f}", "p": "{:.3g}", "s": "{:.1f}", "ms": "{:.2f}ms", "bytes": "{:,}"}
+
+
 def cell(value, kind: str) -> str:
-    if value is None:
-        return "-"
-    if kind == "bpb":
-        return f"{value:.4f}"
-    if kind == "gap":
-        return f"{value:+.4f}"
-    if kind == "p":
-        return f"{value:.3g}"
-    if kind == "s":
-        return f"{value:.1f}"
-    if kind == "ms":
-        return f"{value:.2f}ms"
-    if kind == "bytes":
-        return f"{value:,}"
-    return str(value)
+    return "-" if value is None else CELL_FORMATS.get(kind, "{}").format(value)
 
 
 # (header, how to render a row), for the text tables; CSV and JSON keep every field, unrounded
