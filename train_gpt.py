@@ -127,8 +127,10 @@ class Hyperparameters:
     attn_quant_sigmas: float = 0.0  # ... for attention matrices; 0: QUANT_SIGMAS
     mlp_quant_sigmas: float = 0.0  # ... for MLP matrices; 0: QUANT_SIGMAS
     embed_quant_sigmas: float = 0.0  # ... for the embedding; 0: searched clip
+    lqer_rank: int = 0  # LQER: a rank-R (int2 x int4) correction of the quantization error of LQER_TOP_K matrices; 0: off
+    lqer_top_k: int = 3  # ... the matrices whose error is largest
     sidecar_bytes: str = "check"  # a byte sidecar's counts must match the decoded text; trust: as the field, unchecked
-    compressor: str = "zlib"  # zlib, lzma or brotli (the smallest)
+    compressor: str = "zlib"  # zlib, lzma, brotli or zpaq (the smallest, the slowest: ~0.5 MB/s each way)
     pack_code: bool = False  # count the code at its packed size (minified, lzma, base85: records/make_record.py)
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
     gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
@@ -163,12 +165,7 @@ class Hyperparameters:
         """Training's wallclock budget: the cap less what GPTQ reserves for calibration; inf: no cap."""
         return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if self.max_wallclock_seconds else math.inf
 
-    @classmethod
-    def env_names(cls) -> list[str]:
-        return [f.name.upper() for f in fields(cls)]
-
-    def validate(self) -> None:
-        """Checks that need only the settings themselves; world size and files come later."""
+    def validate(self) -> None:  # checks that need only the settings themselves; world size and files come later
         heads, window, values = max(self.num_heads, 1), self.eval_seq_len or self.train_seq_len, vars(self)
         head_dim = self.model_dim // heads
         choices = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
@@ -189,16 +186,14 @@ class Hyperparameters:
             (self.num_heads % max(self.num_kv_heads, 1),
              f"NUM_HEADS={self.num_heads}: use a multiple of NUM_KV_HEADS={self.num_kv_heads} (GQA groups)"),
             (head_dim % 2, f"MODEL_DIM/NUM_HEADS = {head_dim} is odd; RoPE rotates pairs: use an even head dim"),
-            (self.compressor == "brotli" and importlib.util.find_spec("brotli") is None,
-             "COMPRESSOR=brotli needs the brotli package: pip install brotli"),
+            (self.compressor in ("brotli", "zpaq") and importlib.util.find_spec(self.compressor) is None,
+             f"COMPRESSOR={self.compressor} needs the {self.compressor} package: pip install {self.compressor}"),
             (self.eval_stride > window, f"EVAL_STRIDE={self.eval_stride}: at most the eval window {window}"),
             (self.max_wallclock_seconds and self.gptq_reserve_seconds >= self.max_wallclock_seconds,
              f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds}: leaves no time of MAX_WALLCLOCK_SECONDS"),
             (bool(self.gptq_reserve_seconds) != (self.gptq and self.max_wallclock_seconds > 0),
              f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds}: calibration on training data must fit the wallclock "
              "budget: with GPTQ=1 and MAX_WALLCLOCK_SECONDS set, reserve seconds for it, else none"),
-            (self.ttt and (not self.ttt_chunk_tokens or self.ttt_chunk_tokens % window),
-             f"TTT_CHUNK_TOKENS={self.ttt_chunk_tokens}: use a positive multiple of the eval window {window}"),
             (self.ema_decay >= 1.0, f"EMA_DECAY={self.ema_decay} must be in [0, 1); 0 is off, 0.997 typical"),
             *[(values[name] > 1.0, f"{name.upper()}={values[name]} must be in [0, 1]")
               for name in ("loop_start_frac", "warmdown_frac", "min_lr_scale")],
@@ -215,6 +210,8 @@ class Hyperparameters:
             if bad:
                 raise ConfigError(message)
 
+ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]  # each setting's environment variable
+
 # The field's names (its ten best entries') for settings that mean the same here, so a record's command runs
 # as there; FIELD_AS_OURS: their switches at values that do what this file does; FIELD_LACKS: the rest (prefixes).
 FIELD_NAMES = dict(
@@ -224,8 +221,9 @@ FIELD_NAMES = dict(
     EMBED_CLIP_SIGMAS="EMBED_QUANT_SIGMAS", MUON_ROW_NORMALIZE="MUON_ROW_NORM", ADAM_WD="SCALAR_WD",
     VAL_BATCH_TOKENS="VAL_BATCH_SIZE", SKIP_GATES_ENABLED="SKIP_GATES", SMEAR_GATE_ENABLED="SMEAR_GATE",
     SPARSE_ATTN_GATE_ENABLED="ATTN_GATE", ARTIFACT_DIR="LOG_DIR", DATASETS_DIR="DATA_PATH")
-FIELD_AS_OURS = dict(GATE_WINDOW="12", SPARSE_ATTN_GATE_SCALE="0.5", GATED_ATTN_QUANT_GATE="1", LQER_ENABLED="0",
-                     PARALLEL_FINAL_LANE="mean", ROPE_YARN="0", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1", TIE_EMBEDDINGS="1")
+FIELD_AS_OURS = dict(GATE_WINDOW="12", SPARSE_ATTN_GATE_SCALE="0.5", GATED_ATTN_QUANT_GATE="1",
+                     PARALLEL_FINAL_LANE="mean", ROPE_YARN="0", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1", TIE_EMBEDDINGS="1",
+                     LQER_ASYM_ENABLED="1", LQER_FACTOR_BITS="4", LQER_ASYM_GROUP="64")
 RETIRED = ("QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE", "GPTQ_DAMP",
            "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR")  # ours, retired 2026-11-24 (README): refused, never ignored
 FIELD_LACKS = ("TTT_ PHASED_TTT_ GLOBAL_TTT_ GPTQ_CALIBRATION_BATCHES GATE ATTN_OUT_GATE SPARSE_ATTN_GATE_ WD_TAPER "
@@ -235,14 +233,15 @@ FIELD_LACKS = ("TTT_ PHASED_TTT_ GLOBAL_TTT_ GPTQ_CALIBRATION_BATCHES GATE ATTN_
 def with_field_names(environ) -> dict:
     """environ with the field's names as ours (DATA_DIR: two paths); refuses, at once, all we lack."""
     ours, refused = dict(environ), []
+    if ours.get("LQER_ENABLED") in ("0", "1"):  # the field's switch: on at LQER_RANK (its default: 4), or off
+        ours["LQER_RANK"] = environ.get("LQER_RANK", "4") if ours.pop("LQER_ENABLED") == "1" else "0"
     if "DATA_DIR" in environ:  # the two paths, as the field derives them
         root, vocab = environ["DATA_DIR"], environ.get("VOCAB_SIZE", "1024")
         ours.setdefault("DATA_PATH", f"{root}/datasets/fineweb10B_sp{vocab}")
         ours.setdefault("TOKENIZER_PATH", f"{root}/tokenizers/fineweb_{vocab}_bpe.model")
-    names = Hyperparameters.env_names()
-    for name, value in environ.items():
-        target, typo = FIELD_NAMES.get(name), difflib.get_close_matches(name, names, 1, 0.9)
-        if name in names or FIELD_AS_OURS.get(name) == value.strip():
+    for name, value in list(ours.items()):
+        target, typo = FIELD_NAMES.get(name), difflib.get_close_matches(name, ENV_NAMES, 1, 0.9)
+        if name in ENV_NAMES or FIELD_AS_OURS.get(name) == value.strip():
             continue
         if target and ours.setdefault(target, value) != value:
             refused.append(f"{name}={value} and {target}={ours[target]} disagree; set only one of them")
@@ -268,8 +267,7 @@ def _parse_env_value(name: str, raw: str, default):
         raise ConfigError(f"{name}={raw!r} is not {what}; set it like {name}={example}") from None
 
 @dataclass
-class Layout:
-    """Where this process sits: ranks, device, accumulation, numeric modes."""
+class Layout:  # where this process sits: ranks, device, accumulation, numeric modes
     rank: int
     world_size: int
     local_rank: int
@@ -291,7 +289,7 @@ def resolve_grad_accum(hp: Hyperparameters, world_size: int) -> int:
     if hp.val_batch_size < per_micro:
         raise ConfigError(f"VAL_BATCH_SIZE={hp.val_batch_size} gives each rank less than one sequence per batch; "
                           f"use at least world_size*grad_accum_steps*TRAIN_SEQ_LEN = {per_micro}")
-    if hp.ttt and hp.ttt_chunk_tokens % (world_size * (hp.eval_seq_len or hp.train_seq_len)):
+    if hp.ttt and (not hp.ttt_chunk_tokens or hp.ttt_chunk_tokens % (world_size * (hp.eval_seq_len or hp.train_seq_len))):
         raise ConfigError(f"TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} must split into as many eval windows of "
                           f"{hp.eval_seq_len or hp.train_seq_len} tokens on each of the {world_size} ranks")
     return accum
@@ -336,11 +334,9 @@ class Muon(torch.optim.Optimizer):
     """Nesterov momentum, then orthogonalized updates of 2-D matrices. Every rank keeps every momentum (a
     checkpoint needs rank 0's) but orthogonalizes every world_size-th matrix; one all-reduce shares them. bf16
     updates are fast; fp32 keeps 1 and N processes within float noise (bf16: ~1e-4, from summation order)."""
-    def __init__(self, params, lr: float, momentum: float, backend_steps: int, nesterov: bool = True,
-                 update_dtype=torch.bfloat16, weight_decay: float = 0.0, row_norm: bool = False,
-                 coeffs=QUINTIC_COEFFS):
-        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov,
-                                      weight_decay=weight_decay))
+    def __init__(self, params, lr: float, momentum: float, backend_steps: int, update_dtype=torch.bfloat16,
+                 weight_decay: float = 0.0, row_norm: bool = False, coeffs=QUINTIC_COEFFS):
+        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay))
         self.orthogonalize = zeropower_via_newtonschulz5
         self.update_dtype, self.row_norm, self.coeffs = update_dtype, row_norm, coeffs
 
@@ -359,7 +355,7 @@ class Muon(torch.optim.Optimizer):
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf = self.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
                 if i % world_size == rank:
-                    g = p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
+                    g = p.grad.add(buf, alpha=group["momentum"])  # Nesterov
                     if self.row_norm:  # equal-norm rows, so no row dominates the orthogonalization
                         g = g / (g.norm(dim=1, keepdim=True) + 1e-7)
                     g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
@@ -426,12 +422,9 @@ class DistributedTokenLoader:
             self.position = [index, pos] if pos < len(self.shards[index]) else [(index + 1) % len(self.shards), 0]
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
 
-    def next_span(self, local_tokens: int) -> Tensor:
-        span = local_tokens + 1
-        return self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
-
     def next_batch(self, global_tokens: int, seq_len: int, grad_accum_steps: int) -> tuple[Tensor, Tensor]:
-        local = self.next_span(global_tokens // (self.world_size * grad_accum_steps)).to(torch.int64)
+        span = global_tokens // (self.world_size * grad_accum_steps) + 1  # this rank's tokens, and the last target
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copy below is asynchronous and overlaps compute
         return tuple(t.view(-1, seq_len).to(self.device, non_blocking=True) for t in (local[:-1], local[1:]))  # (B, T)
@@ -519,8 +512,7 @@ def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str
 # it (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
 CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
 
-def case_restore(text: str) -> str:
-    """The original of CaseOps-transformed text; text without operators comes back as it is."""
+def case_restore(text: str) -> str:  # the original of CaseOps-transformed text; text without operators comes back as it is
     return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
 
 def load_validation(data_path: str, seq_len: int, tok: Tokenizer, share=(0, 1), sidecar: str = "check") -> tuple:
@@ -548,8 +540,7 @@ def load_validation(data_path: str, seq_len: int, tok: Tokenizer, share=(0, 1), 
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates", "lane_mix",
                        "smear_gate", "attn_gate")
 
-class CastedLinear(nn.Linear):
-    """Weights stay fp32 for the optimizer; the matmul runs in the activations' dtype."""
+class CastedLinear(nn.Linear):  # weights stay fp32 for the optimizer; the matmul runs in the activations' dtype
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
 
@@ -738,8 +729,7 @@ def count_flops_per_token(model: GPT, hp: Hyperparameters) -> float:
     return 6 * matmuls + 12 * len(order) * hp.model_dim * hp.train_seq_len
 
 # ---- EVALUATION ----
-def metrics(sums: Tensor) -> tuple[float, float]:
-    """val_loss (nats per token) and val_bpb of score()'s sums."""
+def metrics(sums: Tensor) -> tuple[float, float]:  # val_loss (nats per token) and val_bpb of score()'s sums
     loss_sum, tokens, num_bytes = sums.tolist()
     return loss_sum / tokens, loss_sum / tokens / math.log(2.0) * tokens / num_bytes
 
@@ -797,8 +787,7 @@ def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp:
     trainer: the compiled, DDP-wrapped model (gradients averaged over ranks). Returns sums (chunks, 3)."""
     seq_len, num_targets = hp.eval_seq_len or hp.train_seq_len, val_tokens.numel() - 1
     bounds = list(range(0, num_targets, hp.ttt_chunk_tokens)) + [num_targets]
-    sgd = torch.optim.SGD([dict(params=list(model.parameters()), base_lr=hp.ttt_lr)], lr=hp.ttt_lr,
-                          momentum=hp.ttt_momentum)
+    sgd = torch.optim.SGD([dict(params=list(model.parameters()), base_lr=hp.ttt_lr)], lr=hp.ttt_lr, momentum=hp.ttt_momentum)
     sums = []
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sums.append(score(model, val_tokens, val_bytes, hp, layout, hp.eval_stride > 0, (a, b)))
@@ -832,6 +821,8 @@ COMPRESSORS = {  # name: (compress, decompress, the leading bytes by which the r
     "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress, b"\xfd7zXZ"),
     "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),  # a tag
                lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
+    "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),  # 1: the same bytes everywhere
+             lambda blob: importlib.import_module("zpaq").decompress(blob), b"7kSt"),
 }
 
 def is_quantized(name: str, tensor: Tensor) -> bool:
@@ -902,12 +893,26 @@ def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
         if not (torch.isfinite(tensor).all() and torch.isfinite(stored).all()):
             raise ConfigError(f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond fp16's "
                               "65504 in its stored form; no artifact can hold this model: lower the learning rates")
+    def field_ints(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:  # LQER's: [-top, top - 1], one scale a row
+        top = 2 ** (bits - 1)
+        scale = (x.abs().amax(dim=1) / (top - 0.5)).clamp(2.0 ** -14, 65504.0).half()  # the field's absmax / 1.5, 7.5
+        return torch.clamp(torch.round(x / scale.float()[:, None]), -top, top - 1).to(torch.int8), scale
+    errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
+              for name, q in ints.items() if hp.lqer_rank}
+    for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:  # LQER (Zhang et al. 2024)
+        U, S, Vh = torch.linalg.svd(errors[name].double(), full_matrices=False)  # error ~ A B: A = U_r S_r, B = V_r^T
+        A, B = (U[:, :hp.lqer_rank] * S[:hp.lqer_rank]).float(), Vh[:hp.lqer_rank].float().flatten()
+        ints[f"{name}.lqer_a"], scales[f"{name}.lqer_a"] = field_ints(A.reshape(1, -1), 2)  # one scale
+        ints[f"{name}.lqer_b"], scales[f"{name}.lqer_b"] = field_ints(F.pad(B, (0, -len(B) % 64)).view(-1, 64), 4)
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
-    ints, scales = obj["ints"], obj["scales"]
-    return {name: (ints[name].float() * scales[name].float()[:, None] if name in ints else obj["floats"][name])
-            .to(getattr(torch, dtype)) for name, dtype in obj["dtypes"].items()}
+    weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
+    for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction of the error
+        W, A, B = weights[name.removesuffix(".lqer_a")], weights.pop(name), weights.pop(name[:-1] + "b").flatten()
+        W += A.view(len(W), -1) @ B[:A.numel() // len(W) * W.size(1)].view(-1, W.size(1))
+    return {name: weights.get(name, obj["floats"].get(name)).to(getattr(torch, dtype))
+            for name, dtype in obj["dtypes"].items()}
 
 def save_artifact(state_dict: dict[str, Tensor], path: Path | None, hp: Hyperparameters, hessians=None) -> bytes:
     """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
@@ -997,7 +1002,7 @@ def settings_help(markdown: bool = False) -> str:
 def launch_command(environ=os.environ) -> str:
     """The command that reproduces this run: the env vars it set (ours and the field's), then the launcher."""
     settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ)
-                if name in Hyperparameters.env_names() or name in FIELD_NAMES or name == "DATA_DIR"]
+                if name in ENV_NAMES or name in FIELD_NAMES or name == "DATA_DIR"]
     launcher = "python"
     if "LOCAL_WORLD_SIZE" in environ:  # torchrun's; several nodes meet at a c10d rendezvous on the first one
         nodes, per_node = int(environ["WORLD_SIZE"]) // int(environ["LOCAL_WORLD_SIZE"]), environ["LOCAL_WORLD_SIZE"]
@@ -1012,8 +1017,7 @@ MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "n
                         "skip_gates", "attn_gate")
 
 @dataclass
-class LoopState:
-    """Where training stands: with the weights, optimizer states and data position, all a resume needs."""
+class LoopState:  # where training stands: with the weights, optimizer states and data position, all a resume needs
     step: int = 0
     training_time_ms: float = 0.0  # training only: validation and checkpoints are excluded
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
@@ -1044,8 +1048,7 @@ def resolve_resume(hp: Hyperparameters) -> dict | None:
         saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=True, mmap=True)
         (index, pos), shards = meta["loader"], sorted(glob.glob(os.path.join(hp.data_path, "fineweb_train_*.bin")))
         if {"model", "adam", "muon", "ema"} - saved.keys() or {"run_id", "source_sha256"} - meta.keys():
-            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}" + (" (an older "
-                             "train_gpt.py wrote it)" if (folder / "muon_rank0.pt").exists() else ""))
+            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
         if not (0 <= index < len(shards) and 0 <= pos <= len(shard_tokens(shards[index]))):
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
     except Exception as e:
@@ -1099,8 +1102,7 @@ def load_checkpoint(folder: Path, layout: Layout, model: GPT, adam, muon: Muon, 
     loader.position = list(meta["loader"])
     return LoopState(**{f.name: meta.get(f.name, f.default) for f in fields(LoopState)})
 
-class StopSignal:
-    """A first SIGTERM or SIGINT: finish the step, checkpoint and exit; a second: exit at once."""
+class StopSignal:  # a first SIGTERM or SIGINT: finish the step, checkpoint and exit; a second: exit at once
     def __init__(self):
         self.signum, self.first_at = 0, 0.0
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -1124,18 +1126,16 @@ def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
         left = min(1.0, max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac)
     else:
         left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters) if hp.warmdown_iters > 0 else 1.0
-        if hp.budget_ms < math.inf:
-            warmdown_ms = hp.warmdown_iters * elapsed_ms / max(step, 1)
-            remaining_ms = max(hp.budget_ms - elapsed_ms, 0.0)
-            left = min(left, remaining_ms / warmdown_ms if remaining_ms < warmdown_ms else 1.0)
+        if hp.budget_ms < math.inf:  # the warmdown's steps at the average step time so far, if that ends sooner
+            warmdown_ms = max(hp.warmdown_iters * elapsed_ms / max(step, 1), 1e-9)
+            left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
     return max(left, hp.min_lr_scale)
 
 def muon_momentum(step: int, hp: Hyperparameters) -> float:
     frac = min(step / hp.muon_momentum_warmup_steps, 1.0) if hp.muon_momentum_warmup_steps > 0 else 1.0
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
 
-class EMA:
-    """The weights' moving average, updated on device each step; swap() trades it for the live weights."""
+class EMA:  # the weights' moving average, updated on device each step; swap() trades it for the live weights
     def __init__(self, model: nn.Module, decay: float):
         self.decay, self.params = decay, [p.detach().clone() for p in model.parameters()]
 
@@ -1189,8 +1189,7 @@ def train_step(model: nn.Module, next_batch, optimizers, hp: Hyperparameters, la
     return total / layout.grad_accum_steps
 
 @dataclass
-class Run:
-    """What setup() read and checked, and what the stages of main() share."""
+class Run:  # what setup() read and checked, and what the stages of main() share
     hp: Hyperparameters
     layout: Layout
     tokenizer: Tokenizer
@@ -1468,9 +1467,7 @@ def train_and_score(run: Run, source: bytes) -> None:
             if signum:
                 resume = launch_command({**os.environ, "RESUME": str(folder), "RUN_ID": hp.run_id})
                 log(f"stopped by {signal.Signals(signum).name} after step:{step}; resume with: {resume}")
-                if layout.distributed:
-                    dist.barrier()
-                    dist.destroy_process_group()
+                shutdown(layout)
                 sys.exit(128 + signum)
             synchronize(device)
             t0 = time.perf_counter()
@@ -1485,6 +1482,9 @@ def train_and_score(run: Run, source: bytes) -> None:
     if ema:
         ema.swap(base_model)  # calibration and export see the weights the last validation scored
     export_and_score(run, source, calibrate(run, loader) if hp.gptq else None)
+    shutdown(layout)
+
+def shutdown(layout: Layout) -> None:
     if layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
         dist.destroy_process_group()

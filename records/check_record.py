@@ -49,7 +49,7 @@ UNATTRIBUTED = "(unattributed)"  # no GitHub login can be spelled so: it names n
 # above is accepted here and nowhere else.
 UNATTRIBUTED_FOLDERS = {"track_cpu/2026-11-22_CpuBaseline", "track_cpu/2026-11-22_Int6Qat7LayersSliding",
                         "track_cpu/2026-11-23_Sp4096Stack4LayersTTT"}
-COMPRESSOR_PACKAGES = {"zstd": "zstandard", "brotli": "brotli"}  # COMPRESSOR -> the package it imports
+COMPRESSOR_PACKAGES = {"zstd": "zstandard", "brotli": "brotli", "zpaq": "zpaq"}  # COMPRESSOR -> the package it imports
 ALWAYS_REQUIRED = ("numpy", "sentencepiece")  # train_gpt.py imports numpy, and sentencepiece for SentencePiece models
 
 

@@ -71,7 +71,7 @@ class TinyData:
 def _hparam_names() -> set[str]:
     import train_gpt
 
-    return set(train_gpt.Hyperparameters.env_names())
+    return set(train_gpt.ENV_NAMES)
 
 
 @pytest.fixture(scope="session")

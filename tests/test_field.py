@@ -156,3 +156,31 @@ def test_a_packed_script_trains_bitwise_like_the_readable_one(tiny_data, tmp_pat
     assert lines["packed"] == [line.replace("readable", "packed") for line in lines["readable"]] and lines["packed"]
     sizes = {name: int(re.search(r"^Code size: (\d+) bytes", text, flags=re.M).group(1)) for name, text in outs.items()}
     assert sizes["readable"] == sizes["packed"] == len(packed), "both count the packed file, as it will be submitted"
+
+
+def test_lqer_lowers_the_quantization_error_and_round_trips_through_the_safe_loader(tmp_path):
+    torch.manual_seed(2)
+    state = {f"blocks.{i}.mlp.fc.weight": torch.randn(128, 136) * (1 + i) for i in range(4)}  # B: 4 x 136, padded
+    plain_hp = tg.Hyperparameters(quant_bits=5, quant_sigmas=12.0, compressor="lzma")
+    lqer_hp = tg.Hyperparameters(quant_bits=5, quant_sigmas=12.0, compressor="lzma", lqer_rank=4, lqer_top_k=2)
+    plain = tg.dequantize_state_dict(tg.quantize_state_dict(state, plain_hp))
+    stored = tg.quantize_state_dict(state, lqer_hp)
+    corrected_names = {name.removesuffix(".lqer_a") for name in stored["ints"] if name.endswith(".lqer_a")}
+    assert corrected_names == {"blocks.2.mlp.fc.weight", "blocks.3.mlp.fc.weight"}, "the largest errors"
+    corrected = tg.dequantize_state_dict(stored)
+    assert corrected.keys() == state.keys(), "the factors are no weights of their own"
+    for name, w in state.items():
+        before, after = (plain[name] - w).norm(), (corrected[name] - w).norm()
+        assert after < 0.97 * before if name in corrected_names else torch.equal(corrected[name], plain[name]), name
+    a, b = stored["ints"]["blocks.3.mlp.fc.weight.lqer_a"], stored["ints"]["blocks.3.mlp.fc.weight.lqer_b"]
+    assert a.shape == (1, 128 * 4) and b.shape == (9, 64), "A: one scale; B: groups of 64"
+    assert -2 <= a.min() and a.max() <= 1 and -8 <= b.min() and b.max() <= 7, "int2 A, int4 B"
+    assert len(a.unique()) >= 3 and len(b.unique()) >= 12, "their ranges used"
+    # the correction is A B of the stored integers, as the field reads them back
+    A = a.float() * stored["scales"]["blocks.3.mlp.fc.weight.lqer_a"].float()
+    B = b.float() * stored["scales"]["blocks.3.mlp.fc.weight.lqer_b"].float()[:, None]
+    torch.testing.assert_close(corrected["blocks.3.mlp.fc.weight"] - plain["blocks.3.mlp.fc.weight"],
+                               A.view(128, 4) @ B.flatten()[:4 * 136].view(4, 136))
+    tg.save_artifact(state, tmp_path / "m.ptz", lqer_hp)
+    loaded = tg.load_artifact(tmp_path / "m.ptz")  # weights_only: nothing in it can run code
+    assert all(torch.equal(loaded[name], corrected[name]) for name in state)

@@ -46,7 +46,7 @@ def cli(env: dict, cwd, monkeypatch):
     """`python train_gpt.py` in this process (its __main__ block as written): the SystemExit code. Any
     other exception escapes, and is the traceback a user would have seen."""
     monkeypatch.chdir(cwd)
-    for name in tg.Hyperparameters.env_names():
+    for name in tg.ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, str(value))

@@ -197,7 +197,7 @@ def test_polar_express_singular_values_in_a_narrow_band(shape):
 def test_muon_row_norm_equalizes_rows_before_orthogonalizing():
     seen = []
     p = torch.nn.Parameter(torch.randn(8, 16))
-    muon = tg.Muon([p], lr=0.0, momentum=0.0, backend_steps=5, nesterov=False, update_dtype=torch.float32,
+    muon = tg.Muon([p], lr=0.0, momentum=0.0, backend_steps=5, update_dtype=torch.float32,
                    row_norm=True)
     muon.orthogonalize = lambda g, **kw: seen.append(g.clone()) or g
     p.grad = torch.randn(8, 16) * torch.arange(1, 9)[:, None]

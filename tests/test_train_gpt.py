@@ -180,15 +180,14 @@ def test_ranks_take_disjoint_contiguous_spans(tmp_path):
         write_datafile(tmp_path / f"fineweb_train_{i:06d}.bin", part.tolist())
     pattern = str(tmp_path / "fineweb_train_*.bin")
     assert torch.equal(tg.DistributedTokenLoader(pattern).take(1500).long(), torch.cat([stream] * 3)[:1500])
-    world_size, local_tokens = 2, 63
+    world_size = 2  # batches of 2 x 64 tokens: each rank reads its 64 and the one after them (its last target)
     loaders = [tg.DistributedTokenLoader(pattern, r, world_size, torch.device("cpu")) for r in range(world_size)]
     single = tg.DistributedTokenLoader(pattern)
-    for _ in range(8):  # 8 * 2 * 64 tokens > 700: wraps around
-        spans = [loader.next_span(local_tokens).long() for loader in loaders]
-        assert all(s.numel() == local_tokens + 1 for s in spans)
-        assert torch.equal(torch.cat(spans), single.take(world_size * (local_tokens + 1)).long())
-    x, y = loaders[0].next_batch(global_tokens=2 * 64, seq_len=16, grad_accum_steps=1)
-    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    for _ in range(8):  # 8 * 2 * 65 tokens > 700: wraps around
+        batches = [loader.next_batch(global_tokens=2 * 64, seq_len=16, grad_accum_steps=1) for loader in loaders]
+        assert all(x.shape == y.shape == (4, 16) and torch.equal(x.flatten()[1:], y.flatten()[:-1]) for x, y in batches)
+        spans = [torch.cat((x.flatten(), y.flatten()[-1:])) for x, y in batches]
+        assert torch.equal(torch.cat(spans), single.take(world_size * 65).long())
 
 
 # ---- schedule ----
@@ -259,7 +258,7 @@ def test_vocab_mismatch_is_named(tiny_data):
 
 
 @pytest.mark.parametrize("bits, embed_bits, compressor", [(8, 8, "zlib"), (6, 8, "lzma"), (4, 5, "zlib"),
-                                                          (7, 8, "brotli"), (5, 6, "brotli")])
+                                                          (7, 8, "brotli"), (5, 6, "brotli"), (6, 7, "zpaq")])
 def test_export_round_trip_within_quantization_error(tmp_path, bits, embed_bits, compressor):
     torch.manual_seed(0)
     hp = small_hp(vocab_size=2048, model_dim=192, quant_bits=bits, embed_quant_bits=embed_bits, compressor=compressor)
@@ -270,6 +269,7 @@ def test_export_round_trip_within_quantization_error(tmp_path, bits, embed_bits,
     assert (tmp_path / "m.ptz").stat().st_size == len(blob)
     restored = tg.load_artifact(tmp_path / "m.ptz")
     assert restored.keys() == state.keys()
+    assert tg.save_artifact(state, None, hp) == blob, "the same bytes every time: every rank exports them"
     quantized = tg.quantize_state_dict(state, hp)
     widths = {name: int(q.abs().max()).bit_length() + 1 for name, q in quantized["ints"].items()}
     assert widths["tok_emb.weight"] == embed_bits, "the large embedding has its own width"
@@ -421,7 +421,7 @@ def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
 
 def test_readme_documents_every_setting():
     readme = (ROOT / "README.md").read_text()
-    missing = [name for name in tg.Hyperparameters.env_names() if f"`{name}`" not in readme]
+    missing = [name for name in tg.ENV_NAMES if f"`{name}`" not in readme]
     assert not missing, f"README's settings table lacks {missing}"
 
 

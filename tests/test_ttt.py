@@ -102,8 +102,10 @@ def test_ttt_is_sgd_with_momentum_clipping_epochs_and_a_cosine_over_the_chunks(t
 
 
 def test_chunks_must_split_evenly_over_ranks(tiny_data):
-    with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=100: use a positive multiple of the eval window 64"):
-        tg.setup(tiny_data.env(TTT="1", TTT_CHUNK_TOKENS="100"))
+    for chunk in ("100", "0"):
+        with pytest.raises(tg.ConfigError, match=f"TTT_CHUNK_TOKENS={chunk} must split into as many eval windows of 64 "
+                                                 "tokens on each of the 1 ranks"):
+            tg.setup(tiny_data.env(TTT="1", TTT_CHUNK_TOKENS=chunk))
     with pytest.raises(tg.ConfigError, match="TTT_CHUNK_TOKENS=192 must split into as many eval windows of 64 tokens "
                                              "on each of the 2 ranks"):
         tg.setup(tiny_data.env(TTT="1", TTT_CHUNK_TOKENS="192", WORLD_SIZE="2"))

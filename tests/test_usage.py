@@ -30,8 +30,7 @@ TOP_COMMAND = (
     "LQER_FACTOR_BITS=4 LQER_ASYM_GROUP=64 LQER_TOP_K=3 FUSED_CE_ENABLED=1 COMPRESSOR=pergroup NCCL_NET=Socket SEED=42")
 TOP_ENV = dict(pair.split("=", 1) for pair in shlex.split(TOP_COMMAND))
 TOP_LACKS = {"PHASED_TTT_ENABLED", "PHASED_TTT_PREFIX_DOCS", "PHASED_TTT_NUM_PHASES", "TTT_CHUNK_SIZE",
-             "GLOBAL_TTT_MOMENTUM", "TTT_BETA2", "TTT_WEIGHT_DECAY", "TTT_LORA_RANK", "GPTQ_CALIBRATION_BATCHES",
-             "LQER_ENABLED", "LQER_ASYM_ENABLED", "LQER_RANK", "LQER_FACTOR_BITS", "LQER_ASYM_GROUP", "LQER_TOP_K"}
+             "GLOBAL_TTT_MOMENTUM", "TTT_BETA2", "TTT_WEIGHT_DECAY", "TTT_LORA_RANK", "GPTQ_CALIBRATION_BATCHES"}
 
 
 def test_the_best_entrys_command_is_refused_for_what_we_lack_and_only_that():
@@ -48,7 +47,13 @@ def test_the_best_entrys_names_set_what_they_mean():
     assert (hp.quant_bits, hp.embed_quant_bits, hp.min_lr_scale, hp.matrix_lr, hp.beta2) == (8, 7, 0.1, 0.026, 0.99)
     assert (hp.attn_quant_sigmas, hp.mlp_quant_sigmas, hp.embed_quant_sigmas) == (13.0, 11.5, 14.0)
     assert (hp.smear_gate, hp.attn_gate, hp.grad_clip_norm, hp.warmdown_frac) == (True, True, 0.3, 0.85)
-    assert tg.Hyperparameters.from_env({"LQER_ENABLED": "0"}) == tg.Hyperparameters(), "LQER off is what we do"
+    assert (hp.lqer_rank, hp.lqer_top_k) == (4, 3), "the entry's LQER, as its names say"
+    assert tg.Hyperparameters.from_env({"LQER_ENABLED": "1"}).lqer_rank == 4, "the field's default rank"
+    assert tg.Hyperparameters.from_env({"LQER_RANK": "2"}).lqer_rank == 2, "ours alone turns it on"
+    for off in ({}, {"LQER_ENABLED": "0"}, {"LQER_ENABLED": "0", "LQER_RANK": "4"}):
+        assert tg.Hyperparameters.from_env(off) == tg.Hyperparameters(), f"{off}: off, as the field means it"
+    with pytest.raises(tg.ConfigError, match="LQER_ENABLED=2: not here at that value"):
+        tg.Hyperparameters.from_env({"LQER_ENABLED": "2"})
     assert hp.data_path.endswith("fineweb10B_sp8192_lossless_caps_caseops_v1_reserved"), "explicit paths win"
     assert tg.Hyperparameters.from_env({"DATA_DIR": "d", "VOCAB_SIZE": "4096"}).tokenizer_path == \
         "d/tokenizers/fineweb_4096_bpe.model", "DATA_DIR implies both paths, as the field derives them"
@@ -67,7 +72,7 @@ def test_help_prints_every_setting_with_its_default_from_the_code_and_the_readme
                          timeout=60, cwd=ROOT)
     assert out.returncode == 0 and not (ROOT / "logs" / "--help.txt").exists()
     lines = {line.split()[0]: line for line in out.stdout.splitlines()}
-    assert list(lines) == tg.Hyperparameters.env_names()
+    assert list(lines) == tg.ENV_NAMES
     defaults = tg.Hyperparameters()
     for name, line in lines.items():
         shown, value = line.split()[1].strip('"'), getattr(defaults, name.lower())
