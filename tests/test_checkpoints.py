@@ -22,7 +22,8 @@ TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
 EVERY_TECHNIQUE = dict(NUM_LAYERS="3", MLP_LEAKY_SLOPE="0.5", ROPE_DIMS="8", LN_SCALE="1", XSA_LAST_N="2",
                        SMEAR_GATE="1", BIGRAM_BUCKETS="64", BIGRAM_DIM="16", LOOP_START="1", LOOP_END="1",
                        LOOP_REPEATS="1", LOOP_START_FRAC="0.6", PARALLEL_FROM="2", MUON_WD="0.05", EMBED_WD="0.05",
-                       SCALAR_WD="0.01", MUON_ROW_NORM="1", MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR_SCALE="0.1")
+                       SCALAR_WD="0.01", MUON_ROW_NORM="1", MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR_SCALE="0.1",
+                       SKIP_GATES="1", ORTHO_INIT="1", ATTN_GATE="1", LQER_RANK="2", LQER_TOP_K="2")
 LONG_RUN = dict(ITERATIONS="20", SAVE_EVERY="5", KEEP_CHECKPOINTS="3", EMA_DECAY="0.9",
                 QUANT_BITS="6", VAL_LOSS_EVERY="10", TTT="1", TTT_CHUNK_TOKENS="2048", TTT_LR="0.01",
                 **EVERY_TECHNIQUE)
