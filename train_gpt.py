@@ -127,10 +127,10 @@ class Hyperparameters:
     attn_quant_sigmas: float = 0.0  # ... for attention matrices; 0: QUANT_SIGMAS
     mlp_quant_sigmas: float = 0.0  # ... for MLP matrices; 0: QUANT_SIGMAS
     embed_quant_sigmas: float = 0.0  # ... for the embedding; 0: searched clip
-    lqer_rank: int = 0  # LQER: a rank-R (int2 x int4) correction of the quantization error of LQER_TOP_K matrices; 0: off
+    lqer_rank: int = 0  # LQER: a rank-R int2 x int4 correction of quantization errors; 0: off
     lqer_top_k: int = 3  # ... the matrices whose error is largest
     sidecar_bytes: str = "check"  # a byte sidecar's counts must match the decoded text; trust: as the field, unchecked
-    compressor: str = "zlib"  # zlib, lzma, brotli or zpaq (the smallest, the slowest: ~0.5 MB/s each way)
+    compressor: str = "zlib"  # zlib, lzma, brotli or zpaq (the smallest and by far the slowest)
     pack_code: bool = False  # count the code at its packed size (minified, lzma, base85: records/make_record.py)
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
     gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
@@ -161,11 +161,10 @@ class Hyperparameters:
         return hp
 
     @property
-    def budget_ms(self) -> float:
-        """Training's wallclock budget: the cap less what GPTQ reserves for calibration; inf: no cap."""
+    def budget_ms(self) -> float:  # training's wallclock: the cap less GPTQ's reserve; inf: no cap
         return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if self.max_wallclock_seconds else math.inf
 
-    def validate(self) -> None:  # checks that need only the settings themselves; world size and files come later
+    def validate(self) -> None:  # what the settings alone can refuse; world size and files come later
         heads, window, values = max(self.num_heads, 1), self.eval_seq_len or self.train_seq_len, vars(self)
         head_dim = self.model_dim // heads
         choices = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
@@ -187,7 +186,7 @@ class Hyperparameters:
              f"NUM_HEADS={self.num_heads}: use a multiple of NUM_KV_HEADS={self.num_kv_heads} (GQA groups)"),
             (head_dim % 2, f"MODEL_DIM/NUM_HEADS = {head_dim} is odd; RoPE rotates pairs: use an even head dim"),
             (self.compressor in ("brotli", "zpaq") and importlib.util.find_spec(self.compressor) is None,
-             f"COMPRESSOR={self.compressor} needs the {self.compressor} package: pip install {self.compressor}"),
+             f"COMPRESSOR={self.compressor} needs its package: pip install {self.compressor}"),
             (self.eval_stride > window, f"EVAL_STRIDE={self.eval_stride}: at most the eval window {window}"),
             (self.max_wallclock_seconds and self.gptq_reserve_seconds >= self.max_wallclock_seconds,
              f"GPTQ_RESERVE_SECONDS={self.gptq_reserve_seconds}: leaves no time of MAX_WALLCLOCK_SECONDS"),
@@ -222,8 +221,8 @@ FIELD_NAMES = dict(
     VAL_BATCH_TOKENS="VAL_BATCH_SIZE", SKIP_GATES_ENABLED="SKIP_GATES", SMEAR_GATE_ENABLED="SMEAR_GATE",
     SPARSE_ATTN_GATE_ENABLED="ATTN_GATE", ARTIFACT_DIR="LOG_DIR", DATASETS_DIR="DATA_PATH")
 FIELD_AS_OURS = dict(GATE_WINDOW="12", SPARSE_ATTN_GATE_SCALE="0.5", GATED_ATTN_QUANT_GATE="1",
-                     PARALLEL_FINAL_LANE="mean", ROPE_YARN="0", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1", TIE_EMBEDDINGS="1",
-                     LQER_ASYM_ENABLED="1", LQER_FACTOR_BITS="4", LQER_ASYM_GROUP="64")
+                     ROPE_YARN="0", PARALLEL_FINAL_LANE="mean", CASEOPS_ENABLED="1", FUSED_CE_ENABLED="1",
+                     LQER_ASYM_GROUP="64", TIE_EMBEDDINGS="1", LQER_ASYM_ENABLED="1", LQER_FACTOR_BITS="4")
 RETIRED = ("QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE", "GPTQ_DAMP",
            "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR")  # ours, retired 2026-11-24 (README): refused, never ignored
 FIELD_LACKS = ("TTT_ PHASED_TTT_ GLOBAL_TTT_ GPTQ_CALIBRATION_BATCHES GATE ATTN_OUT_GATE SPARSE_ATTN_GATE_ WD_TAPER "
@@ -289,9 +288,10 @@ def resolve_grad_accum(hp: Hyperparameters, world_size: int) -> int:
     if hp.val_batch_size < per_micro:
         raise ConfigError(f"VAL_BATCH_SIZE={hp.val_batch_size} gives each rank less than one sequence per batch; "
                           f"use at least world_size*grad_accum_steps*TRAIN_SEQ_LEN = {per_micro}")
-    if hp.ttt and (not hp.ttt_chunk_tokens or hp.ttt_chunk_tokens % (world_size * (hp.eval_seq_len or hp.train_seq_len))):
+    window = hp.eval_seq_len or hp.train_seq_len
+    if hp.ttt and (not hp.ttt_chunk_tokens or hp.ttt_chunk_tokens % (world_size * window)):
         raise ConfigError(f"TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} must split into as many eval windows of "
-                          f"{hp.eval_seq_len or hp.train_seq_len} tokens on each of the {world_size} ranks")
+                          f"{window} tokens on each of the {world_size} ranks")
     return accum
 
 # ---- DEVICE ----
@@ -336,7 +336,8 @@ class Muon(torch.optim.Optimizer):
     updates are fast; fp32 keeps 1 and N processes within float noise (bf16: ~1e-4, from summation order)."""
     def __init__(self, params, lr: float, momentum: float, backend_steps: int, update_dtype=torch.bfloat16,
                  weight_decay: float = 0.0, row_norm: bool = False, coeffs=QUINTIC_COEFFS):
-        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps,
+                                      weight_decay=weight_decay))
         self.orthogonalize = zeropower_via_newtonschulz5
         self.update_dtype, self.row_norm, self.coeffs = update_dtype, row_norm, coeffs
 
@@ -423,7 +424,7 @@ class DistributedTokenLoader:
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
 
     def next_batch(self, global_tokens: int, seq_len: int, grad_accum_steps: int) -> tuple[Tensor, Tensor]:
-        span = global_tokens // (self.world_size * grad_accum_steps) + 1  # this rank's tokens, and the last target
+        span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
         local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copy below is asynchronous and overlaps compute
@@ -512,7 +513,7 @@ def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str
 # it (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
 CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
 
-def case_restore(text: str) -> str:  # the original of CaseOps-transformed text; text without operators comes back as it is
+def case_restore(text: str) -> str:  # the original of CaseOps text; text without operators as it is
     return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
 
 def load_validation(data_path: str, seq_len: int, tok: Tokenizer, share=(0, 1), sidecar: str = "check") -> tuple:
@@ -540,7 +541,7 @@ def load_validation(data_path: str, seq_len: int, tok: Tokenizer, share=(0, 1), 
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates", "lane_mix",
                        "smear_gate", "attn_gate")
 
-class CastedLinear(nn.Linear):  # weights stay fp32 for the optimizer; the matmul runs in the activations' dtype
+class CastedLinear(nn.Linear):  # fp32 weights for the optimizer; the matmul in the activations' dtype
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
 
@@ -655,7 +656,7 @@ class GPT(nn.Module):
         self.bigram = nn.Embedding(hp.bigram_buckets, hp.bigram_dim) if hp.bigram_buckets else None
         self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if hp.bigram_buckets else None
         if self.bigram is not None:  # ours: a fixed scale, Muon (the field's learned scale, orthogonal
-            nn.init.zeros_(self.bigram.weight)  # projection and Adam lost 0.010 bpb, 3 seeds: MEASUREMENTS.md)
+            nn.init.zeros_(self.bigram.weight)  # projection and Adam lost 0.010 bpb in 3 seeds)
         # [lambda, w_1..w_12] of x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: starts as a no-op
         self.smear_gate = nn.Parameter(torch.zeros(1 + min(12, hp.model_dim))) if hp.smear_gate else None
         self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
@@ -759,8 +760,6 @@ def score(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperpara
     # one batch shape per window length, so one compiled graph: the last batch is padded with empty windows
     batch_windows = max(1, hp.val_batch_size // (layout.world_size * layout.grad_accum_steps) // seq_len)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)  # loss, tokens, bytes
-    was_training = model.training
-    model.eval()
     for i in range(first, last, batch_windows):
         batch = [min(k, last - 1) for k in range(i, i + batch_windows)]
         windows = torch.stack([val_tokens[ends[k] - seq_len:ends[k] + 1] for k in batch]).to(layout.device, torch.int64)
@@ -777,7 +776,6 @@ def score(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperpara
             progress(done, last - first, done * stride * layout.world_size)
     if layout.distributed:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-    model.train(was_training)
     return sums.cpu()
 
 def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp: Hyperparameters, layout: Layout,
@@ -787,7 +785,8 @@ def test_time_train(model: nn.Module, val_tokens: Tensor, val_bytes: Tensor, hp:
     trainer: the compiled, DDP-wrapped model (gradients averaged over ranks). Returns sums (chunks, 3)."""
     seq_len, num_targets = hp.eval_seq_len or hp.train_seq_len, val_tokens.numel() - 1
     bounds = list(range(0, num_targets, hp.ttt_chunk_tokens)) + [num_targets]
-    sgd = torch.optim.SGD([dict(params=list(model.parameters()), base_lr=hp.ttt_lr)], lr=hp.ttt_lr, momentum=hp.ttt_momentum)
+    sgd = torch.optim.SGD([dict(params=list(model.parameters()), base_lr=hp.ttt_lr)], lr=hp.ttt_lr,
+                          momentum=hp.ttt_momentum)
     sums = []
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sums.append(score(model, val_tokens, val_bytes, hp, layout, hp.eval_stride > 0, (a, b)))
@@ -821,7 +820,7 @@ COMPRESSORS = {  # name: (compress, decompress, the leading bytes by which the r
     "lzma": (lambda raw: lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), lzma.decompress, b"\xfd7zXZ"),
     "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),  # a tag
                lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
-    "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),  # 1: the same bytes everywhere
+    "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),  # same bytes
              lambda blob: importlib.import_module("zpaq").decompress(blob), b"7kSt"),
 }
 
@@ -895,22 +894,23 @@ def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
                               "65504 in its stored form; no artifact can hold this model: lower the learning rates")
     def field_ints(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:  # LQER's: [-top, top - 1], one scale a row
         top = 2 ** (bits - 1)
-        scale = (x.abs().amax(dim=1) / (top - 0.5)).clamp(2.0 ** -14, 65504.0).half()  # the field's absmax / 1.5, 7.5
+        scale = (x.abs().amax(dim=1) / (top - 0.5)).clamp(2.0 ** -14, 65504.0).half()  # absmax / 1.5 or 7.5
         return torch.clamp(torch.round(x / scale.float()[:, None]), -top, top - 1).to(torch.int8), scale
     errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
               for name, q in ints.items() if hp.lqer_rank}
-    for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:  # LQER (Zhang et al. 2024)
-        U, S, Vh = torch.linalg.svd(errors[name].double(), full_matrices=False)  # error ~ A B: A = U_r S_r, B = V_r^T
+    for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:  # LQER (Zhang et al.)
+        U, S, Vh = torch.linalg.svd(errors[name].double(), full_matrices=False)  # error ~ A B: U_r S_r, V_r^T
         A, B = (U[:, :hp.lqer_rank] * S[:hp.lqer_rank]).float(), Vh[:hp.lqer_rank].float().flatten()
-        ints[f"{name}.lqer_a"], scales[f"{name}.lqer_a"] = field_ints(A.reshape(1, -1), 2)  # one scale
-        ints[f"{name}.lqer_b"], scales[f"{name}.lqer_b"] = field_ints(F.pad(B, (0, -len(B) % 64)).view(-1, 64), 4)
+        for part, x, bits in (("a", A.reshape(1, -1), 2), ("b", F.pad(B, (0, -len(B) % 64)).view(-1, 64), 4)):
+            ints[f"{name}.lqer_{part}"], scales[f"{name}.lqer_{part}"] = field_ints(x, bits)
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
-    for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction of the error
-        W, A, B = weights[name.removesuffix(".lqer_a")], weights.pop(name), weights.pop(name[:-1] + "b").flatten()
-        W += A.view(len(W), -1) @ B[:A.numel() // len(W) * W.size(1)].view(-1, W.size(1))
+    for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's error correction
+        W = weights[name.removesuffix(".lqer_a")]
+        A, B = weights.pop(name).view(len(W), -1), weights.pop(name[:-1] + "b").flatten()
+        W += A @ B[:A.size(1) * W.size(1)].view(A.size(1), W.size(1))
     return {name: weights.get(name, obj["floats"].get(name)).to(getattr(torch, dtype))
             for name, dtype in obj["dtypes"].items()}
 
@@ -1017,7 +1017,7 @@ MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "n
                         "skip_gates", "attn_gate")
 
 @dataclass
-class LoopState:  # where training stands: with the weights, optimizer states and data position, all a resume needs
+class LoopState:  # where training stands: with weights, optimizer states, data position, all a resume needs
     step: int = 0
     training_time_ms: float = 0.0  # training only: validation and checkpoints are excluded
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
@@ -1126,7 +1126,7 @@ def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
         left = min(1.0, max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac)
     else:
         left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters) if hp.warmdown_iters > 0 else 1.0
-        if hp.budget_ms < math.inf:  # the warmdown's steps at the average step time so far, if that ends sooner
+        if hp.budget_ms < math.inf:  # or over WARMDOWN_ITERS steps' time at the mean step, if sooner
             warmdown_ms = max(hp.warmdown_iters * elapsed_ms / max(step, 1), 1e-9)
             left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
     return max(left, hp.min_lr_scale)
