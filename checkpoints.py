@@ -1,0 +1,204 @@
+"""checkpoints.py: checkpoints, resume and the graceful stop for train_gpt.py, which imports this module only
+when SAVE_EVERY or RESUME is set (a 10-minute record run never checkpoints) and logs its sha256.
+
+A checkpoint is a folder CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/ holding state.pt (weights, optimizer states and
+EMA: tensors only) and meta.json (the loop state, the data position, every setting). It is written as
+step_NNNNNN.tmp/ and renamed once complete, so a killed write leaves the earlier checkpoints as they were.
+A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once."""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# A resume refuses a checkpoint that differs in any of these: its weights would not fit, or mean another model.
+MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
+                        "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
+                        "smear_gate_enabled", "bigram_vocab_size", "bigram_dim", "loop_start", "loop_end",
+                        "num_loops", "parallel_start_layer", "skip_gates_enabled", "sparse_attn_gate_enabled")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def checkpoint_folders(root: Path) -> list[Path]:
+    """Finished checkpoints, oldest first; a .tmp folder is a write that never completed."""
+    found = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")]
+    return sorted(found)
+
+
+class StopSignal:
+    """Records a first SIGTERM or SIGINT for the loop to act on after its step; a second one, later than
+    2 s (a scheduler and torchrun may both deliver the first), exits at once."""
+
+    def __init__(self):
+        self.signum = 0
+        self.first_at = 0.0
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self)
+
+    def __call__(self, signum, frame):
+        now = time.monotonic()
+        if not self.signum:
+            self.signum = signum
+            self.first_at = now
+        elif now - self.first_at > 2.0:
+            os._exit(128 + signum)
+
+
+class Keeper:
+    """The checkpoints of one run: the resume (checked at startup), then periodic and signalled saves.
+    trainer is the train_gpt module that imported this one (its errors, loop state and loader)."""
+
+    def __init__(self, hp, source: bytes, trainer):
+        self.hp = hp
+        self.tg = trainer
+        self.source_sha256 = sha256(source)
+        self.stop = None
+        self.meta = self.resolve_resume() if hp.resume else None
+
+    @property
+    def signum(self) -> int:
+        return self.stop.signum if self.stop else 0
+
+    def describe(self) -> str:
+        code = Path(__file__).read_bytes()
+        return f"checkpoints: {Path(__file__).name} bytes:{len(code)} sha256:{sha256(code)}"
+
+    def continues_log(self) -> bool:
+        """Whether this run continues its own log: a resume of this RUN_ID by the same script."""
+        if not self.meta or self.meta["run_id"] != self.hp.run_id:
+            return False
+        if self.meta["source_sha256"] != self.source_sha256:
+            raise self.tg.ConfigError(f"RUN_ID={self.hp.run_id}: its log exists and the script changed since "
+                                      "the checkpoint; continue it under a new RUN_ID")
+        return True
+
+    def resolve_resume(self) -> dict:
+        """RESUME as a checkpoint folder (latest: the newest of RUN_ID), its meta read and checked: a
+        damaged checkpoint, another model's, or one with a later history of its own is refused."""
+        hp, error = self.hp, self.tg.ConfigError
+        root = Path(hp.checkpoint_dir) / hp.run_id
+        folder = Path(hp.resume)
+        if hp.resume == "latest":
+            found = checkpoint_folders(root) if hp.run_id else []
+            if not found:
+                raise error(f"RESUME=latest: no checkpoint of RUN_ID={hp.run_id!r} in {hp.checkpoint_dir}; "
+                            "set RUN_ID to the run to resume")
+            folder = found[-1]
+        if not (folder / "meta.json").is_file():
+            raise error(f"RESUME={hp.resume}: {folder / 'meta.json'} does not exist; point RESUME at a "
+                        "step_NNNNNN folder of a checkpoint, or use RESUME=latest with the run's RUN_ID")
+        try:
+            meta = self.read_meta(folder)
+        except Exception as e:
+            raise error(f"RESUME={folder}: the checkpoint is damaged ({type(e).__name__}: {e}); resume an "
+                        "earlier one") from None
+        defaults = asdict(type(hp)())  # a checkpoint older than a setting ran its default
+        for name in MODEL_SHAPE_SETTINGS:
+            saved = meta["hyperparameters"].get(name, defaults[name])
+            if saved != getattr(hp, name):
+                raise error(f"RESUME={folder}: the checkpoint has {name.upper()}={saved} but this run has "
+                            f"{name.upper()}={getattr(hp, name)}; set it to match")
+        newer = [p for p in checkpoint_folders(root) if p.name > folder.name]
+        if meta["run_id"] == hp.run_id and newer:  # its next checkpoints would interleave with another history
+            raise error(f"RESUME={folder}: RUN_ID={hp.run_id} already has later checkpoints ({newer[-1].name});"
+                        " resume the newest with RESUME=latest, or continue this one under a new RUN_ID")
+        hp.resume = str(folder)
+        return meta
+
+    def read_meta(self, folder: Path) -> dict:
+        # the tensors are mapped, not read: this finds a damaged file, not a flipped bit
+        meta = json.loads((folder / "meta.json").read_text())
+        saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+        missing = {"model", "adam", "muon", "ema"} - saved.keys() or {"run_id", "source_sha256"} - meta.keys()
+        if missing:
+            raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
+        index, pos = meta["loader"]
+        shards = sorted(glob.glob(os.path.join(self.hp.data_path, "fineweb_train_*.bin")))
+        in_data = 0 <= index < len(shards) and 0 <= pos <= len(self.tg.shard_tokens(shards[index]))
+        if not in_data:
+            raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
+        return meta
+
+    def restore(self, run, optimizers: list, ema, loader):
+        """Listen for signals; with RESUME, load the checkpoint into this run, whatever its world size.
+        Returns the loop state to go on from."""
+        self.stop = StopSignal()
+        if not self.meta:
+            return self.tg.LoopState()
+        folder = Path(self.hp.resume)
+        saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
+        run.model.load_state_dict(saved["model"])  # its loop phase too
+        for opt, key in zip(optimizers, ("adam", "muon")):  # the states; the LRs are this run's
+            groups = opt.state_dict()["param_groups"]
+            opt.load_state_dict({"state": saved[key]["state"], "param_groups": groups})
+        if ema.params is not None:  # an EMA turned on at the resume starts from the resumed weights
+            torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in run.model.parameters()])
+        loader.position = list(self.meta["loader"])
+        LoopState = self.tg.LoopState
+        state = LoopState(**{f.name: self.meta.get(f.name, f.default) for f in fields(LoopState)})
+        run.log(f"resume: from {folder} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
+        return state
+
+    def due(self, state, signum: int, hp) -> bool:  # a signal, every SAVE_EVERY steps, and at the end
+        if signum:
+            return True
+        return hp.save_every > 0 and (state.step % hp.save_every == 0 or state.ended(hp))
+
+    def save(self, run, optimizers: list, ema, loader, state, signum: int) -> None:
+        """Rank 0 writes the checkpoint; then local rank 0 of each node that cannot see it (no shared file
+        system) writes a copy. After a signal, the run stops here with the command that resumes it."""
+        layout = run.layout
+        folder = Path(self.hp.checkpoint_dir) / self.hp.run_id / f"step_{state.step:06d}"
+        contents = (run, optimizers, ema, loader, state)
+        if layout.rank == 0:
+            self.write(folder, *contents)
+        if layout.distributed:
+            dist.barrier()
+        if layout.local_rank == 0 and layout.rank != 0 and not folder.exists():
+            self.write(folder, *contents)
+        if layout.distributed:
+            dist.barrier()
+        why = signal.Signals(signum).name if signum else "periodic"
+        run.log(f"checkpoint: {folder} step:{state.step} ({why})")
+        if signum:
+            environ = {**os.environ, "RESUME": str(folder), "RUN_ID": self.hp.run_id}
+            command = self.tg.launch_command(environ)
+            run.log(f"stopped by {why} after step:{state.step}; resume with: {command}")
+            self.tg.shutdown(layout)
+            sys.exit(128 + signum)
+
+    def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> None:
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        adam, muon = optimizers
+        tensors = {"model": run.model.state_dict(), "adam": adam.state_dict(), "muon": muon.state_dict(),
+                   "ema": ema.params}  # training draws no random numbers: no generator state
+        torch.save(tensors, tmp / "state.pt")
+        meta = dict(run_id=self.hp.run_id, source_sha256=self.source_sha256, world_size=run.layout.world_size,
+                    loader=loader.position, hyperparameters=asdict(self.hp), **asdict(state))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        root = folder.parent
+        stale = [p for p in root.glob("step_*.tmp") if p != tmp]  # writes that were killed halfway
+        if self.hp.keep_checkpoints:
+            stale += checkpoint_folders(root)[:-self.hp.keep_checkpoints]
+        for old in stale:
+            shutil.rmtree(old)
+
+    def close(self) -> None:  # training is over: a signal now stops the export, with no checkpoint
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,0 +1,286 @@
+"""Settings: each environment variable parsed as its type, validated before any work, and
+every name that is not ours refused (typos, our old names, retired ones, the field's settings
+we lack); --help lists them."""
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train_gpt as tg
+from conftest import CPU_PINNED, ROOT
+
+
+def tiny_hp(**overrides) -> tg.Hyperparameters:
+    values = dict(
+        vocab_size=64,
+        num_layers=2,
+        model_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        train_seq_len=16,
+        val_batch_size=16 * 8 * 3,
+    )
+    values.update(overrides)
+    return tg.Hyperparameters(**values)
+
+
+# Every technique on at once (over 5 layers)
+ALL_ON = dict(
+    num_layers=5,
+    mlp_leaky_slope=0.5,
+    rope_dims=4,
+    ln_scale=True,
+    xsa_last_n=2,
+    smear_gate_enabled=True,
+    bigram_vocab_size=97,
+    bigram_dim=16,
+    loop_start=1,
+    loop_end=2,
+    num_loops=2,
+    parallel_start_layer=3,
+    muon_wd=0.1,
+    embed_wd=0.05,
+    adam_wd=0.02,
+    muon_row_normalize=True,
+    muon_polar=True,
+    warmdown_frac=0.5,
+    min_lr=0.1,
+)
+
+
+def refused_names(error: pytest.ExceptionInfo) -> set[str]:
+    """The names a refusal lists, one a line: `  NAME=value: why`."""
+    return set(re.findall(r"^  (\w+)=", str(error.value), flags=re.M))
+
+
+# ---- parsing and validation ----
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(NUM_LAYERS="nine"), r"NUM_LAYERS='nine' is not an integer"),
+    (dict(MATRIX_LR="fast"), r"MATRIX_LR='fast' is not a number"),
+    (dict(TIE_EMBEDDINGS="0"), r"TIE_EMBEDDINGS=0: retired"),
+    (dict(QAT_START_FRAC="0.8"), r"QAT_START_FRAC=0.8: retired"),
+    (dict(LN_SCALE="yes"), r"LN_SCALE='yes' is not 0 or 1"),
+    (dict(MODEL_DIM="100", NUM_HEADS="8"), r"MODEL_DIM=100: use a multiple of NUM_HEADS=8"),
+    (dict(NUM_HEADS="4", NUM_KV_HEADS="3"), r"NUM_HEADS=4: use a multiple of NUM_KV_HEADS=3"),
+    (dict(MODEL_DIM="60", NUM_HEADS="4", NUM_KV_HEADS="2"),
+     r"MODEL_DIM/NUM_HEADS = 15: RoPE needs an even head dim"),
+    (dict(TRAIN_BATCH_TOKENS="1000"), r"TRAIN_BATCH_TOKENS=1000: use a multiple of .*= 512"),
+    (dict(WORLD_SIZE="3"), r"3 .*launch 1, 2, 4 or 8"),
+    (dict(VOCAB_SIZE="1024"), r"VOCAB_SIZE=1024\b.* has 512 ids"),
+    (dict(DATA_PATH="/nonexistent/sp1024"),
+     r"DATA_PATH=/nonexistent/sp1024 is not a directory.*build_sotu"),
+    (dict(TOKENIZER_PATH="/nonexistent/tok.model"),
+     r"TOKENIZER_PATH=/nonexistent/tok.model is not a file"),
+    (dict(VAL_BATCH_SIZE="64"), r"VAL_BATCH_SIZE=64: .*use at least 512"),
+    (dict(COMPILE="maybe"), r"COMPILE='maybe' must be one of \('auto', '0', '1'\)"),
+    (dict(NUM_LAYERS="1"), r"NUM_LAYERS=1: the U-Net pairs"),
+    (dict(MATRIX_BITS="3"), r"MATRIX_BITS=3 must be one of \(4, 5, 6, 7, 8\)"),
+    (dict(COMPRESSOR="gzip"), r"COMPRESSOR='gzip' must be one of \('zlib', 'lzma', 'brotli'"),
+    (dict(EVAL_STRIDE="128"), r"EVAL_STRIDE=128: at most the eval window 64"),
+    (dict(EMA_DECAY="1.0"), r"EMA_DECAY=1.0: below 1"),
+])
+def test_bad_settings_are_named(tiny_data, overrides, message):
+    with pytest.raises(tg.ConfigError, match=message):
+        tg.setup(tiny_data.env(**overrides))
+
+
+def test_new_settings_are_validated():
+    cases = [
+        (dict(rope_dims=3), "ROPE_DIMS"),
+        (dict(num_loops=1, loop_start=2, loop_end=1), "LOOP_START"),
+        (dict(num_loops=1, loop_end=2, parallel_start_layer=2), "PARALLEL_START_LAYER"),
+        (dict(bigram_vocab_size=1), "BIGRAM_VOCAB_SIZE"),
+        (dict(warmdown_frac=1.5), "WARMDOWN_FRAC"),
+        (dict(muon_wd=-0.1), "MUON_WD"),
+        (dict(xsa_last_n=6), "XSA_LAST_N"),
+    ]
+    for bad, word in cases:
+        values = {**ALL_ON, "num_loops": 0, "parallel_start_layer": 0, **bad}
+        with pytest.raises(tg.ConfigError, match=word):
+            tiny_hp(**values).validate()
+    tiny_hp(**ALL_ON).validate()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(GPTQ_RESERVE_SECONDS="20"), r"GPTQ_RESERVE_SECONDS=20.0: only for GPTQ=1 under a cap"),
+    (dict(GPTQ="1", MAX_WALLCLOCK_SECONDS="600"),
+     r"GPTQ=1 under MAX_WALLCLOCK_SECONDS: set GPTQ_RESERVE_SECONDS"),
+    (dict(GPTQ="1", GPTQ_CALIB_SEQS="0"), r"GPTQ_CALIB_SEQS=0 must be positive"),
+])
+def test_calibration_settings_that_would_break_the_rules_or_the_math_are_refused(settings, message):
+    with pytest.raises(tg.ConfigError, match=message):
+        tg.Hyperparameters.from_env({"MAX_WALLCLOCK_SECONDS": "0", **settings})
+
+
+def test_the_suite_pins_the_cpu_where_a_gpu_is_visible(tiny_data, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert tg.pick_device(0).type == "cuda", "auto would take the GPU"
+    layout = tg.setup(tiny_data.env()).layout
+    modes = (layout.device.type, layout.use_compile, layout.use_bf16)
+    assert modes == ("cpu", False, False)
+    pinned = {k: tiny_data.env()[k] for k in CPU_PINNED}
+    assert pinned == CPU_PINNED
+
+
+# ---- names that are not ours ----
+
+
+def test_misspelled_settings_are_refused():
+    """A typo would otherwise be silently ignored: it is refused, naming the setting meant;
+    other env vars pass."""
+    environ = {"NUM_LAYER": "11", "PATH": "/bin", "MATRIX_LR": "0.1", "HOME": "/root"}
+    with pytest.raises(tg.ConfigError) as e:
+        tg.Hyperparameters.from_env(environ)
+    assert "NUM_LAYER=11: not a setting; did you mean NUM_LAYERS?" in str(e.value)
+    assert "PATH" not in str(e.value)
+    assert "MATRIX_LR" not in str(e.value)
+    fine = {"PATH": "/bin", "MATRIX_LR": "0.1", "OMP_NUM_THREADS": "1"}
+    assert tg.Hyperparameters.from_env(fine).matrix_lr == 0.1
+
+
+def test_old_and_retired_names_are_refused_with_what_to_use():
+    """Every name in INSTEAD is refused before any work, with ours for it (a real setting) or
+    "retired"; none of them is still a setting, which would shadow the refusal. (At 0: the
+    baseline's TIE_EMBEDDINGS=1 is what this file does, and passes.)"""
+    assert not set(tg.INSTEAD) & set(tg.ENV_NAMES)
+    for name, ours in tg.INSTEAD.items():
+        with pytest.raises(tg.ConfigError) as e:
+            tg.Hyperparameters.from_env({name: "0"})
+        assert refused_names(e) == {name}
+        line = re.search(rf"^  {name}=0: (.*)$", str(e.value), flags=re.M).group(1)
+        if ours is None:
+            assert line.startswith("retired"), line
+        else:
+            assert line == f"use {ours}"
+            assert ours.split()[0] in tg.ENV_NAMES, f"{name}: INSTEAD names {ours}, not a setting"
+
+
+# The best entry's (1.0611) logged command, its environment as its README gives it
+# (the launcher left out).
+TOP_COMMAND = (
+    "DATA_DIR=./data VOCAB_SIZE=8192 "
+    "DATA_PATH=./data/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved "
+    "TOKENIZER_PATH=./data/tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model "
+    "CASEOPS_ENABLED=1 ITERATIONS=20000 MAX_WALLCLOCK_SECONDS=600 PHASED_TTT_ENABLED=1 "
+    "PHASED_TTT_PREFIX_DOCS=2500 PHASED_TTT_NUM_PHASES=3 EMBED_BITS=7 MATRIX_LR=0.026 MIN_LR=0.1 "
+    "MLP_CLIP_SIGMAS=11.5 ATTN_CLIP_SIGMAS=13.0 EMBED_CLIP_SIGMAS=14.0 GRAD_CLIP_NORM=0.3 "
+    "TTT_CHUNK_SIZE=48 WARMUP_STEPS=20 MUON_BACKEND_STEPS=5 GLOBAL_TTT_MOMENTUM=0.9 "
+    "WARMDOWN_FRAC=0.85 BETA2=0.99 TTT_BETA2=0.99 TTT_WEIGHT_DECAY=0.5 TTT_LORA_RANK=80 "
+    "SPARSE_ATTN_GATE_SCALE=0.5 GPTQ_RESERVE_SECONDS=0.5 GPTQ_CALIBRATION_BATCHES=16 "
+    "VAL_LOSS_EVERY=0 GATED_ATTN_QUANT_GATE=1 SPARSE_ATTN_GATE_ENABLED=1 GATE_WINDOW=12 "
+    "SMEAR_GATE_ENABLED=1 LQER_ENABLED=1 LQER_ASYM_ENABLED=1 LQER_RANK=4 LQER_FACTOR_BITS=4 "
+    "LQER_ASYM_GROUP=64 LQER_TOP_K=3 FUSED_CE_ENABLED=1 COMPRESSOR=pergroup NCCL_NET=Socket "
+    "SEED=42")
+TOP_ENV = dict(pair.split("=", 1) for pair in shlex.split(TOP_COMMAND))
+# What it sets that we lack: every other name in it is one of our settings, or not a setting at all
+# (NCCL_NET). DATA_DIR only derives the two paths the command also sets.
+TOP_LACKS = {
+    "DATA_DIR",
+    "CASEOPS_ENABLED",
+    "PHASED_TTT_ENABLED",
+    "PHASED_TTT_PREFIX_DOCS",
+    "PHASED_TTT_NUM_PHASES",
+    "TTT_CHUNK_SIZE",
+    "GLOBAL_TTT_MOMENTUM",
+    "TTT_BETA2",
+    "TTT_WEIGHT_DECAY",
+    "TTT_LORA_RANK",
+    "SPARSE_ATTN_GATE_SCALE",
+    "GPTQ_CALIBRATION_BATCHES",
+    "GATED_ATTN_QUANT_GATE",
+    "GATE_WINDOW",
+    "LQER_ASYM_ENABLED",
+    "LQER_FACTOR_BITS",
+    "LQER_ASYM_GROUP",
+    "FUSED_CE_ENABLED",
+}
+
+
+def test_the_best_entrys_command_is_refused_for_what_we_lack_and_only_that():
+    with pytest.raises(tg.ConfigError) as refusal:
+        tg.Hyperparameters.from_env(TOP_ENV)
+    named = refused_names(refusal)
+    assert named == TOP_LACKS, "every name we cannot honour is named at once, and nothing we can"
+    message = str(refusal.value)
+    assert "GPTQ_CALIBRATION_BATCHES=16: use GPTQ_CALIB_SEQS" in message
+    field = "TTT_LORA_RANK=80: the field's, not here (README, \"Commands from the field\")"
+    assert field in message
+
+
+def test_the_best_entrys_names_set_what_they_mean():
+    """A field name that is a setting here is our name: no aliases, no special values."""
+    env = {k: v for k, v in TOP_ENV.items() if k not in TOP_LACKS | {"COMPRESSOR"}}
+    hp = tg.Hyperparameters.from_env(env | {"GPTQ": "1"})
+    assert (hp.matrix_bits, hp.embed_bits, hp.min_lr) == (8, 7, 0.1)
+    assert (hp.matrix_lr, hp.beta2) == (0.026, 0.99)
+    sigmas = (hp.attn_clip_sigmas, hp.mlp_clip_sigmas, hp.embed_clip_sigmas)
+    assert sigmas == (13.0, 11.5, 14.0)
+    gates = (hp.smear_gate_enabled, hp.sparse_attn_gate_enabled)
+    assert gates == (True, True)
+    assert (hp.grad_clip_norm, hp.warmdown_frac) == (0.3, 0.85)
+    lqer = (hp.lqer_enabled, hp.lqer_rank, hp.lqer_top_k)
+    assert lqer == (True, 4, 3), "the entry's LQER, as its names say"
+    switched = tg.Hyperparameters.from_env({"LQER_ENABLED": "1"})
+    assert switched.lqer_rank == 4, "the field's default rank"
+    ranked = tg.Hyperparameters.from_env({"LQER_RANK": "2"})
+    assert (ranked.lqer_enabled, ranked.lqer_rank) == (False, 2), "LQER_ENABLED alone turns it on"
+    offs = ({}, {"LQER_ENABLED": "0"}, {"LQER_ENABLED": "0", "LQER_RANK": "4"})
+    for off in offs:
+        unset = tg.Hyperparameters.from_env(off)
+        assert unset == tg.Hyperparameters(), f"{off}: off, as the field means it"
+    with pytest.raises(tg.ConfigError, match=r"LQER_ENABLED='2' is not 0 or 1"):
+        tg.Hyperparameters.from_env({"LQER_ENABLED": "2"})
+    named = tg.Hyperparameters.from_env(dict(
+        NUM_LOOPS="2",
+        ENABLE_LOOPING_AT="0.35",
+        PARALLEL_START_LAYER="8",
+        LOOP_END="5",
+        LOOP_START="3",
+        NUM_LAYERS="11",
+        TTT_ENABLED="1",
+        MUON_ROW_NORMALIZE="1",
+        ADAM_WD="0.02",
+        MATRIX_CLIP_SIGMAS="12.85",
+        SKIP_GATES_ENABLED="1",
+        MATRIX_BITS="6",
+    ))
+    loops = (named.num_loops, named.enable_looping_at, named.parallel_start_layer)
+    assert loops == (2, 0.35, 8)
+    assert (named.ttt_enabled, named.muon_row_normalize, named.adam_wd) == (True, True, 0.02)
+    assert (named.matrix_clip_sigmas, named.skip_gates_enabled) == (12.85, True)
+    assert named.matrix_bits == 6
+    with pytest.raises(tg.ConfigError, match=r"LOOP_REPEATS=3: use NUM_LOOPS"):
+        tg.Hyperparameters.from_env(dict(NUM_LOOPS="2", LOOP_REPEATS="3"))
+
+
+# ---- --help and the README ----
+
+
+def test_help_prints_every_setting_with_its_default_from_the_code():
+    command = [sys.executable, str(ROOT / "train_gpt.py"), "--help"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert not (ROOT / "logs" / "--help.txt").exists()
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()}
+    assert list(lines) == tg.ENV_NAMES
+    defaults = tg.Hyperparameters()
+    for name, line in lines.items():
+        shown = line.split()[1].strip('"')
+        value = getattr(defaults, name.lower())
+        same = shown == str(value) or float(shown.replace("_", "")) == float(value)
+        assert same, (name, shown, value)
+        assert len(line.split()) > 2, f"{name} has no meaning in its comment"
+
+
+def test_readme_lists_every_setting():
+    """README CHECK (README.md is being rewritten; a failure here is the README's, not the
+    trainer's): its Settings table names every setting, as `NAME`."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in tg.ENV_NAMES if f"`{name}`" not in readme]
+    assert not missing, f"README.md's Settings table lacks {missing}"
