@@ -1,0 +1,100 @@
+"""records/ on the challenge's own record folders: the one log reader on each generation of the
+field's logs (tests/fixtures/records: a few lines of each, written for these tests), summarize,
+check and compare on folders in each shape the field's submission.json takes. Milliseconds."""
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "records"
+sys.path.insert(0, str(ROOT / "records"))
+
+import runlog  # noqa: E402
+
+
+def read(name: str) -> runlog.RunLog:
+    return runlog.parse_log(FIXTURES / name)
+
+
+# ---- THE READER ----
+
+def test_the_baselines_log():
+    run = read("baseline.log")
+    assert not run.ours and run.seed == 1337
+    assert run.tokenizer == "fineweb_1024_bpe.model"
+    assert run.setting("data_path") == "fineweb10B_sp1024"
+    assert (run.last_step, run.iterations) == (13640, 20000)
+    assert run.train_time_ms == 600_160 and run.step_avg_ms == 44.0
+    # the raw model's size and total come first; the export's count
+    assert (run.model_bytes, run.code_bytes) == (15_800_000, 1200)
+    assert run.total_bytes == 15_801_200 and run.export_family == "int8+zlib"
+    assert run.score_name == "int8_zlib_roundtrip_exact"
+    assert (run.val_loss, run.val_bpb) == (2.07, 1.226)
+    assert run.prequant_val_bpb == 1.22 and run.eval_total_ms == 1400
+
+
+def test_marchs_log_scores_by_its_legal_ttt_line():
+    run = read("march.log")
+    assert run.seed == 42 and run.score_name == "legal_ttt_exact"
+    assert (run.val_loss, run.val_bpb) == (1.889, 1.119)
+    assert run.eval_time_ms == 410_000  # the non-exact twin's
+    assert run.eval_total_ms == 6500 + 74_000 + 410_000  # the final passes
+    assert run.roundtrip_val_bpb == 1.145 and run.prequant_val_bpb == 1.137
+    assert run.total_bytes == 15_900_000 and run.code_bytes == 1300
+    assert len(run.steps) == 3  # the source line with step:{step} is no step
+
+
+def test_aprils_log_without_step_and_in_minutes():
+    run = read("april.log")
+    assert run.seed == 314 and run.setting("ttt_enabled") is True
+    assert run.tokenizer == "fineweb_8192_bpe.model vocab 8192"
+    assert run.setting("data_path") == "./data/datasets/fineweb10B_sp8192"
+    assert [s["step"] for s in run.steps] == [0, 500, 4000, 4550]
+    assert run.steps[1]["train_time_ms"] == 60_000  # 1.0m
+    assert run.train_time_ms == 588_000  # stopping_early's, to the millisecond
+    assert run.step_avg_ms == pytest.approx(588_000 / 4550)
+    assert run.score_name == "quantized_ttt" and run.val_bpb == 1.081
+    assert run.roundtrip_val_bpb == 1.099 and run.prequant_val_bpb == 1.087
+    assert run.eval_total_ms == 25_000 + 121_000 + 366_000
+    assert (run.code_bytes, run.total_bytes) == (1400, 15_976_400)
+
+
+def test_late_aprils_log_with_times_compressed_code_and_a_total():
+    run = read("phased.txt")
+    assert run.seed == 0 and run.hyperparameters["artifact_dir"] == ""
+    assert run.tokenizer == "fineweb_8192_bpe_caseops.model vocab 8192"
+    assert (run.last_step, run.train_time_ms) == (4940, 599_600)
+    assert (run.code_bytes, run.code_uncompressed) == (700, 1500)
+    assert run.total_bytes == 15_900_700
+    assert run.score_name == "quantized_ttt_phased" and run.val_loss == 2.319
+    assert run.eval_total_ms == 508_800  # total_eval_time, not the diagnostics
+    assert run.roundtrip_val_bpb == 1.073 and run.prequant_val_bpb == 1.064
+
+
+def test_a_file_that_is_no_log_is_skipped_with_its_reason(tmp_path):
+    with pytest.raises(runlog.LogError, match="notes.txt: not a run log"):
+        read("notes.txt")
+    shutil.copy(FIXTURES / "notes.txt", tmp_path)
+    shutil.copy(FIXTURES / "april.log", tmp_path / "train_seed314.log")
+    (tmp_path / "requirements.txt").write_text("brotli\n")
+    (tmp_path / "logs").mkdir()
+    shutil.copy(FIXTURES / "phased.txt", tmp_path / "logs" / "train0.txt")
+    runs, skipped = runlog.read_logs(tmp_path)
+    assert [r.path.name for r in runs] == ["train_seed314.log", "train0.txt"]
+    assert len(skipped) == 1 and "notes.txt: not a run log" in skipped[0]
+
+
+def test_settings_by_their_new_name_or_their_old_one():
+    old = {"ttt": True, "log_dir": "logs", "quant_bits": 6}
+    new = {"ttt_enabled": False, "artifact_dir": "runs"}
+    assert runlog.setting(old, "ttt_enabled") is True
+    assert runlog.setting(new, "ttt_enabled") is False
+    assert runlog.setting(old, "artifact_dir") == "logs"
+    assert runlog.setting(old, "matrix_bits") == 6
+    assert runlog.setting(new, "matrix_bits", 8) == 8
+    assert runlog.setting({"datasets_dir": "d"}, "data_path") == "d"
