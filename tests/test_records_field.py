@@ -98,3 +98,46 @@ def test_settings_by_their_new_name_or_their_old_one():
     assert runlog.setting(old, "matrix_bits") == 6
     assert runlog.setting(new, "matrix_bits", 8) == 8
     assert runlog.setting({"datasets_dir": "d"}, "data_path") == "d"
+
+
+# ---- SUMMARIZE ----
+
+def record_of_logs(root: Path, name: str, logs: dict) -> Path:
+    """A folder holding the fixture logs under the names given: {name in folder: fixture}."""
+    folder = root / name
+    for target, fixture in logs.items():
+        (folder / target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / fixture, folder / target)
+    return folder
+
+
+def test_summarize_reads_every_generation_and_names_what_it_skipped(tmp_path, capsys):
+    import summarize
+    folder = record_of_logs(tmp_path, "2026-04-01_Mixed", {
+        "train.log": "baseline.log", "train_seed42.log": "march.log",
+        "train_seed314.log": "april.log", "logs/train0.txt": "phased.txt",
+        "notes.txt": "notes.txt"})
+    assert summarize.main([str(folder)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "every run: RECORD=2026-04-01_Mixed"
+    rows = [line.split() for line in lines[2:6]]
+    assert [r[0] for r in rows] == ["train0", "train_seed314", "train_seed42", "train"]
+    assert rows[0][1:4] == ["(defaults)", "4940/20000", "121.38ms"]
+    phased = dict(zip(lines[1].split(), rows[0]))
+    assert phased["score_bpb"] == "1.0600" and phased["score_loss"] == "2.3190"
+    assert phased["eval_s"] == "508.8" and phased["artifact_bytes"] == "15,900,700"
+    assert phased["code_bytes"] == "700" and phased["prequant_bpb"] == "1.0640"
+    assert "read 4 run logs, skipped 1 other files" in out
+    assert "skipped " + str(folder / "notes.txt") + ": not a run log" in out
+
+
+def test_summarize_groups_challenge_folders_one_configuration_each(tmp_path, capsys):
+    import summarize
+    one = record_of_logs(tmp_path, "2026-04-09_One", {
+        "train_seed1.log": "april.log", "train_seed2.log": "april.log"})
+    two = record_of_logs(tmp_path, "2026-04-27_Two", {"train_seed0.txt": "phased.txt"})
+    assert summarize.main([str(one), str(two), "--group"]) == 0
+    out = capsys.readouterr().out
+    assert "RECORD=2026-04-27_Two" in out.splitlines()[1]
+    assert "RECORD=2026-04-09_One   2/2  1.0810 ± 0.0000" in out
