@@ -619,6 +619,39 @@ def read_logs(folder) -> tuple[list[RunLog], list[str]]:
     return runs, skipped
 
 
+def distinct_runs(runs: list) -> list:
+    """The runs less those whose log is a byte-for-byte copy of an earlier one (a train.log
+    beside its train_seed1337.log)."""
+    seen = set()
+    kept = []
+    for run in runs:
+        digest = sha256_hex(run.path.read_bytes())
+        if digest not in seen:
+            seen.add(digest)
+            kept.append(run)
+    return kept
+
+
+def submission_path(folder) -> Path | None:
+    """A record folder's submission.json, or the one submission*.json it holds instead."""
+    folder = Path(folder)
+    if (folder / "submission.json").is_file():
+        return folder / "submission.json"
+    others = sorted(folder.glob("submission*.json"))
+    return others[0] if len(others) == 1 else None
+
+
+def per_seed_results(sub: dict) -> dict:
+    """{seed as text: its results} of a submission.json: `seed_results` keyed by seed, or
+    `seeds` given as such a dict (some of the field's folders); {} when it has neither."""
+    for key in ("seed_results", "seeds"):
+        results = sub.get(key)
+        if isinstance(results, dict) and results:
+            if all(isinstance(entry, dict) for entry in results.values()):
+                return {str(seed): entry for seed, entry in results.items()}
+    return {}
+
+
 def find_artifact(run: RunLog, *extra_dirs) -> Path | None:
     """The run's model file: beside the log, in extra_dirs, or at its logged path."""
     if run.artifact_path is None:

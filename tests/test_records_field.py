@@ -3,7 +3,7 @@ field's logs (tests/fixtures/records: a few lines of each, written for these tes
 check and compare on folders in each shape the field's submission.json takes. Milliseconds."""
 
 import json
-import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -141,3 +141,115 @@ def test_summarize_groups_challenge_folders_one_configuration_each(tmp_path, cap
     out = capsys.readouterr().out
     assert "RECORD=2026-04-27_Two" in out.splitlines()[1]
     assert "RECORD=2026-04-09_One   2/2  1.0810 ± 0.0000" in out
+
+
+# ---- COMPARE ----
+
+# per-seed values of three of the leaderboard's claims (openai/parameter-golf records/track_10min_16mb)
+REC_1_0810 = dict(seeds=[42, 314, 999], bpb=[1.08079, 1.08103, 1.08118],
+                  loss=[2.79180191, 2.79241542, 2.79281076])
+VARLEN_1_0734 = dict(seeds=[0, 1, 2], bpb=[1.07258208, 1.07324696, 1.07426259],
+                     loss=[2.77059090, 2.77230836, 2.77493185])
+MUON097_1_0798 = dict(seeds=[0, 42, 1234], bpb=[1.07928348, 1.07996676, 1.08024795],
+                      loss=[2.78790132, 2.78966630, 2.79039264])
+CLIP12_1_0645 = dict(seeds=[314, 2025, 777, 1, 1337],
+                     bpb=[1.06356801, 1.0641313, 1.06466993, 1.06509678, 1.06516558],
+                     loss=[2.32748105, 2.32871372, 2.32989245, 2.33082656, 2.33097712])
+CASEOPS_1_0655 = dict(seeds=[42, 0, 1234], bpb=[1.0661, 1.06473, 1.06563],
+                      loss=[2.33302, 2.33002, 2.33199])
+
+
+def field_log(path: Path, fixture: str, seed: int, val_loss: float, val_bpb: float) -> Path:
+    """A fixture log as another seed's run: its seed and its score line's numbers changed."""
+    text = (FIXTURES / fixture).read_text()
+    text = re.sub(r"(  seed: |seed:)\d+", rf"\g<1>{seed}", text)
+    score = list(re.finditer(r"val_loss:\S+ val_bpb:\S+", text))[-1]
+    numbers = f"val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text[:score.start()] + numbers + text[score.end():])
+    return path
+
+
+def claim_folder(root: Path, name: str, claim: dict, shape: str, fixture="april.log") -> Path:
+    """A challenge folder with one log per seed and a submission.json in one of the field's
+    shapes: seed_results with val_bpb only, seeds as a dict with both, or no per-seed results."""
+    folder = root / name
+    seeds = claim["seeds"]
+    for seed, loss, bpb in zip(seeds, claim["loss"], claim["bpb"]):
+        field_log(folder / f"train_seed{seed}.log", fixture, seed, loss, bpb)
+    sub = {"author": "A", "github_id": "a", "name": name, "track": "10min_16mb",
+           "val_bpb": round(sum(claim["bpb"]) / len(seeds), 5)}
+    if shape == "seed_results":
+        sub["seeds"] = seeds
+        sub["seed_results"] = {str(s): {"val_bpb": b} for s, b in zip(seeds, claim["bpb"])}
+    elif shape == "seeds dict":
+        sub["seeds"] = {str(s): {"val_bpb": b, "val_loss": loss}
+                        for s, b, loss in zip(seeds, claim["bpb"], claim["loss"])}
+    (folder / "submission.json").write_text(json.dumps(sub, indent=2))
+    return folder
+
+
+def test_compare_per_token_as_the_challenge_reads_its_leaderboard(tmp_path, capsys):
+    import compare
+    best = claim_folder(tmp_path, "2026-04-09_Rec", REC_1_0810, "seed_results")
+    varlen = claim_folder(tmp_path, "2026-04-10_VarLen", VARLEN_1_0734, "seed_results")
+    # 1.0734 against 1.0810: val_loss from the logs, the challenge's 0.005 nats per token
+    assert compare.main([str(varlen), str(best)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("unit: nats per token (val_loss); both used fineweb_8192_bpe.model")
+    assert "val_bpb: submission.json; val_loss: logs" in out
+    assert "one-sided p = 0.002618" in out and "verdict: SIGNIFICANT" in out
+    # the other reading, per byte at the converted margin, agrees; the old one did not
+    assert "nats per byte: improvement +0.005293 (needs > 0.001342), p = 0.002621" in out
+    per_byte_unconverted = compare.compare(
+        compare.in_unit(compare.load_sample(str(varlen)), "byte"),
+        compare.in_unit(compare.load_sample(str(best)), "byte"))
+    assert per_byte_unconverted.p == pytest.approx(0.24, abs=0.005)
+    # 1.0798 against 1.0810 at margin 0, from `seeds` given as a dict: the quoted p = 0.020
+    muon = claim_folder(tmp_path, "2026-04-09_Muon", MUON097_1_0798, "seeds dict")
+    assert compare.main([str(muon), str(best), "--margin", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "val_bpb: submission.json; val_loss: submission.json" in out
+    assert "one-sided p = 0.0203" in out
+
+
+def test_compare_reads_one_log_per_seed_when_the_json_has_none(tmp_path, capsys):
+    import compare
+    clip = claim_folder(tmp_path, "2026-04-22_Clip", CLIP12_1_0645, "none", "phased.txt")
+    caseops = claim_folder(tmp_path, "2026-04-19_CaseOps", CASEOPS_1_0655, "seed_results",
+                           "phased.txt")
+    sample = compare.load_sample(str(clip))
+    assert sample.source == "val_bpb: logs; val_loss: logs" and sample.n == 5
+    # 1.0645 against 1.0655 at margin 0: the quoted p = 0.063
+    assert compare.main([str(clip), str(caseops), "--margin", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "fineweb_8192_bpe_caseops.model vocab 8192" in out
+    assert "one-sided p = 0.0627" in out and "verdict: not significant" in out
+
+
+def test_compare_across_tokenizers_per_byte_with_the_margin_converted(tmp_path, capsys):
+    import compare
+    best = claim_folder(tmp_path, "2026-04-09_Rec", REC_1_0810, "seed_results")
+    caseops = claim_folder(tmp_path, "2026-04-19_CaseOps", CASEOPS_1_0655, "seed_results",
+                           "phased.txt")
+    assert compare.main([str(caseops), str(best)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("unit: nats per byte (val_bpb * ln 2; the tokenizers differ)")
+    # CaseOps tokens: 2.332 nats per token at 1.0655 bpb is 3.157 bytes per token
+    assert "0.005 nats per token at the candidate's 3.157 bytes per token" in out
+    assert "not comparable: the tokenizers differ" in out  # the per-token reading, shown
+
+
+def test_compare_refuses_two_logs_of_one_seed_without_per_seed_results(tmp_path):
+    import compare
+    folder = claim_folder(tmp_path, "2026-04-29_Rerun", REC_1_0810, "none")
+    field_log(folder / "train_seed42_rerun.log", "april.log", 42, 2.7911, 1.0805)
+    with pytest.raises(SystemExit, match=r"2 logs of seed 42 \(train_seed42.log, "
+                                         r"train_seed42_rerun.log\)"):
+        compare.load_sample(str(folder))
+    # with seed_results, the log of each seed is the one its val_bpb names
+    sub = json.loads((folder / "submission.json").read_text())
+    sub["seed_results"] = {str(s): {"val_bpb": b}
+                           for s, b in zip(REC_1_0810["seeds"], REC_1_0810["bpb"])}
+    (folder / "submission.json").write_text(json.dumps(sub))
+    assert compare.load_sample(str(folder)).losses == REC_1_0810["loss"]
