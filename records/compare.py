@@ -38,7 +38,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from runlog import distinct_runs, per_seed_results, read_logs, submission_path
+from runlog import (distinct_runs, matching_run, number_or_none, per_seed_results, read_logs,
+                    submission_path)
 
 MARGIN_NATS = 0.005
 ALPHA = 0.01
@@ -89,12 +90,6 @@ class Comparison:
 
 # ---- PER-SEED VALUES OF A RECORD FOLDER ----
 
-def number_or_none(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 def seed_order(sub: dict, entries: dict) -> list[str]:
     """The seeds of per-seed results, in the order of the `seeds` list when it names them."""
     listed = sub.get("seeds")
@@ -103,18 +98,6 @@ def seed_order(sub: dict, entries: dict) -> list[str]:
         if set(seeds) == set(entries):
             return seeds
     return list(entries)
-
-
-def matching_run(runs: list, seed: str, entry: dict):
-    """The log of this seed's entry: the one it names, else the closest in val_bpb."""
-    same = [r for r in runs if str(r.seed) == seed]
-    named = [r for r in same if r.path.name == entry.get("log")]
-    if named:
-        return named[0]
-    claimed = number_or_none(entry.get("val_bpb"))
-    if claimed is None or not same:
-        return same[0] if same else None
-    return min(same, key=lambda r: abs(r.val_bpb - claimed))
 
 
 def one_run_per_seed(runs: list, folder: Path) -> dict:

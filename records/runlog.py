@@ -173,7 +173,7 @@ class RunLog:
     code_bytes: int | None = None  # the counted code (packed or compressed, when it was)
     code_packed_from: int | None = None  # PACK_CODE=1: the size of the packed source
     code_uncompressed: int | None = None  # `Code size (uncompressed)`: the source's size
-    total_bytes: int | None = None
+    totals: list = field(default_factory=list)  # [(export family or None, bytes)]
     artifact_path: str | None = None
     artifact_bytes: int | None = None
     artifact_sha256: str | None = None
@@ -188,6 +188,15 @@ class RunLog:
     @property
     def ours(self) -> bool:
         return self.source is not None
+
+    @property
+    def total_bytes(self) -> int | None:
+        """Code + compressed model: the last total named by its export, else the last one
+        (an unnamed total before the export is the raw model's)."""
+        named = [size for family, size in self.totals if family]
+        if named:
+            return named[-1]
+        return self.totals[-1][1] if self.totals else None
 
     @property
     def run_id(self) -> str:
@@ -390,7 +399,12 @@ def on_diagnostic(run: RunLog, m: re.Match) -> None:
 
 
 def on_final(run: RunLog, m: re.Match) -> None:
-    run.finals[m["name"].removeprefix("final_")] = parse_fields(m["fields"])
+    name = m["name"].removeprefix("final_")
+    if m["qualifier"]:  # `final_int8_zlib_roundtrip_exact sliding val_loss:...`
+        exact = name.endswith("_exact")
+        name = name.removesuffix("_exact") + "_" + m["qualifier"]
+        name += "_exact" if exact else ""
+    run.finals[name] = parse_fields(m["fields"])
 
 
 def on_model(run: RunLog, m: re.Match) -> None:
@@ -409,16 +423,13 @@ def on_code(run: RunLog, m: re.Match) -> None:
 
 
 def on_total(run: RunLog, m: re.Match) -> None:
-    # an unnamed total (raw model + code) counts only where no export's total does
     if m["family"]:
         run.export_family = m["family"]
-        run.total_bytes = int(m["bytes"])
-    elif run.export_family is None:
-        run.total_bytes = int(m["bytes"])
+    run.totals.append((m["family"], int(m["bytes"])))
 
 
 def on_budget(run: RunLog, m: re.Match) -> None:
-    run.total_bytes = int(m["bytes"])
+    run.totals.append((None, int(m["bytes"])))
 
 
 def on_code_in_artifact(run: RunLog, m: re.Match) -> None:
@@ -489,13 +500,16 @@ LINE_FORMATS = [
     (r"(?:diagnostic |DIAGNOSTIC )?(?:pre-quantization post-ema|post_ema)\s+"
      + SCORE_FIELDS, on_prequant),
     (r"diagnostic (?P<name>\w+)\s+" + SCORE_FIELDS, on_diagnostic),
-    (r"(?P<name>(?:final_|legal_ttt|quantized)\w*)\s+" + SCORE_FIELDS, on_final),
+    (r"(?P<name>(?:final_|legal_ttt|quantized)\w*)(?: (?P<qualifier>[a-z]+)(?= ))?\s+"
+     + SCORE_FIELDS, on_final),
     (r"Serialized model(?: (?P<family>\S+))?: (?P<bytes>\d+) bytes(?: \(.*\))?",
      on_model),
     (r"Code size(?: \((?P<how>compressed|uncompressed)\))?: (?P<bytes>\d+) bytes"
      r"(?: \(packed from (?P<packed>\d+): PACK_CODE=1\))?", on_code),
     (r"Total submission size(?: (?P<family>\S+))?: (?P<bytes>\d+) bytes", on_total),
     (r"budget:(?P<bytes>\d+)/\d+ .*", on_budget),
+    (r"\S+ model: \d+ bytes \| Total submission: (?P<bytes>\d+) bytes", on_budget),
+    (r"Raw model: \d+ bytes \| Code: (?P<code>\d+) bytes \| Total: \d+", on_code_in_artifact),
     (r"artifact:[\d.]+MB .* code:(?P<code>\d+)", on_code_in_artifact),
     # then the export's time, in newer logs
     (r"artifact: (?P<path>.+?) bytes:(?P<bytes>\d+) sha256:(?P<sha>[0-9a-f]{64})(?: .*)?",
@@ -595,15 +609,15 @@ def parse_log(path) -> RunLog:
 
 
 def log_paths(folder) -> list[Path]:
-    """The run logs a folder may hold: its *.log and *.txt, and those in its logs/."""
+    """The run logs a folder may hold: its *.log and *.txt, then those of its subfolders
+    (logs/, and the like), each folder's in name order."""
     folder = Path(folder)
     paths = []
-    for where in (folder, folder / "logs"):
-        for path in sorted(where.glob("*")):
-            if not path.is_file() or path.name in NOT_LOGS:
-                continue
-            if path.suffix in LOG_SUFFIXES:
-                paths.append(path)
+    for path in sorted(folder.rglob("*"), key=lambda p: (len(p.parts), str(p))):
+        if not path.is_file() or path.name in NOT_LOGS:
+            continue
+        if path.suffix in LOG_SUFFIXES:
+            paths.append(path)
     return paths
 
 
@@ -650,6 +664,33 @@ def per_seed_results(sub: dict) -> dict:
             if all(isinstance(entry, dict) for entry in results.values()):
                 return {str(seed): entry for seed, entry in results.items()}
     return {}
+
+
+def number_or_none(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def named_seed(run: RunLog) -> str | None:
+    """The seed a log's file name gives (train_seed42.log -> '42')."""
+    named = SEED_IN_NAME.search(run.path.name)
+    return named.group(1) if named else None
+
+
+def matching_run(runs: list, seed: str, entry: dict):
+    """The log of this seed's entry: the one it names, else the closest in val_bpb among
+    those of that seed (or, failing any, those whose file name gives that seed)."""
+    same = [r for r in runs if str(r.seed) == seed]
+    if not same:
+        same = [r for r in runs if named_seed(r) == seed]
+    named = [r for r in same if r.path.name == entry.get("log")]
+    if named:
+        return named[0]
+    claimed = number_or_none(entry.get("val_bpb"))
+    if claimed is None or not same:
+        return same[0] if same else None
+    return min(same, key=lambda r: abs(r.val_bpb - claimed))
 
 
 def find_artifact(run: RunLog, *extra_dirs) -> Path | None:

@@ -253,3 +253,129 @@ def test_compare_refuses_two_logs_of_one_seed_without_per_seed_results(tmp_path)
                            for s, b in zip(REC_1_0810["seeds"], REC_1_0810["bpb"])}
     (folder / "submission.json").write_text(json.dumps(sub))
     assert compare.load_sample(str(folder)).losses == REC_1_0810["loss"]
+
+
+# ---- CHECK ----
+
+def challenge_folder(root: Path, name="2026-04-09_Clean", claim=None, fixture="april.log",
+                     shape="seed_results") -> Path:
+    """A clean folder in the challenge's shape: README.md, a train_gpt.py of the size the logs
+    counted, a log per seed and a submission.json that agrees with them."""
+    claim = claim or REC_1_0810
+    folder = claim_folder(root / "track_10min_16mb", name, claim, shape, fixture)
+    (folder / "README.md").write_text("# A record\n")
+    run = runlog.parse_log(next(folder.glob("train_seed*")))
+    size = run.code_uncompressed or run.code_bytes
+    (folder / "train_gpt.py").write_text("#" * (size - 1) + "\n")
+    return folder
+
+
+def check(folder: Path) -> tuple[list, list]:
+    import check_record
+    warnings = []
+    violations = check_record.check_folder(folder, warnings=warnings)
+    return violations, warnings
+
+
+def edit_logs(folder: Path, old: str, new: str) -> None:
+    for log in folder.glob("train_seed*"):
+        log.write_text(log.read_text().replace(old, new))
+
+
+def test_a_clean_challenge_folder_passes_in_every_shape(tmp_path):
+    for shape in ("seed_results", "seeds dict", "none"):
+        folder = challenge_folder(tmp_path / shape, shape=shape)
+        assert check(folder) == ([], []), shape
+    # late April: timestamps, compressed code, total_eval_time; an ISO timestamp is a date
+    folder = challenge_folder(tmp_path / "phased", "2026-04-19_Phased", CASEOPS_1_0655,
+                              "phased.txt")
+    sub = json.loads((folder / "submission.json").read_text())
+    sub["date"] = "2026-04-19T00:00:00Z"
+    (folder / "submission.json").write_text(json.dumps(sub))
+    assert check(folder) == ([], [])
+
+
+def test_check_finds_what_breaks_the_challenges_rules(tmp_path):
+    folder = challenge_folder(tmp_path)
+    edit_logs(folder, "Total submission size quantized+brotli: 15976400",
+              "Total submission size quantized+brotli: 16000001")
+    edit_logs(folder, "train_time: 588000ms", "train_time: 601500ms")
+    edit_logs(folder, "eval_time:366000ms", "eval_time:466000ms")
+    (folder / "train_gpt.py").write_text("#" * 1399 + "\n\n")
+    violations, _ = check(folder)
+    assert len(violations) == 12  # 4 each of the 3 logs
+    one = [v for v in violations if v.startswith("train_seed42.log")]
+    assert "16,000,001 bytes exceeds the track_10min_16mb cap of 16,000,000 bytes by 1" in one[0]
+    assert "train_time 601500ms exceeds the track_10min_16mb limit of 600 s" in one[1]
+    assert "total eval_time (the sum of the final passes) 612000ms exceeds" in one[2]
+    assert "'Code size: 1,400 bytes' but train_gpt.py is 1,401 bytes (+1)" in one[3]
+
+
+def test_check_finds_missing_files_and_fields(tmp_path):
+    folder = challenge_folder(tmp_path)
+    (folder / "README.md").unlink()
+    (folder / "train_gpt.py").unlink()
+    sub = json.loads((folder / "submission.json").read_text())
+    del sub["github_id"]
+    del sub["val_bpb"]
+    sub["author"] = ""
+    (folder / "submission.json").write_text(json.dumps(sub))
+    violations, _ = check(folder)
+    assert [v.split(": ", 1)[1][:22] for v in violations] == [
+        "no README.md; the chal", "no train_gpt.py (nor a", "no author (your name);",
+        "no github_id (your Git", "no val_bpb; the challe"]
+    for log in folder.glob("*.log"):
+        log.unlink()
+    (folder / "submission.json").unlink()
+    violations, _ = check(folder)
+    assert any("no train log" in v for v in violations)
+    assert any("no submission.json" in v for v in violations)
+
+
+def test_check_warns_of_names_and_metadata_that_disagree_with_the_logs(tmp_path):
+    folder = challenge_folder(tmp_path)
+    sub = json.loads((folder / "submission.json").read_text())
+    sub["seed_results"]["42"]["val_bpb"] = 1.0790  # the log shows 1.08079
+    sub["seed_results"]["7"] = {"val_bpb": 1.081}  # a seed with no log
+    sub["seeds"].append(7)
+    sub["mean_val_bpb"] = sub.pop("val_bpb")
+    sub["val_loss"] = 1.081  # the bpb, under val_loss
+    sub["date"] = "April 9th"
+    (folder / "submission.json").rename(folder / "submission_rec.json")
+    (folder / "submission_rec.json").write_text(json.dumps(sub))
+    (folder / "train_gpt.py").rename(folder / "train_gpt_v2.py")
+    violations, warnings = check(folder)
+    assert violations == []
+    expected = ["submission_rec.json: the challenge names it submission.json",
+                "train_gpt_v2.py: the challenge names the script train_gpt.py",
+                "date 'April 9th' is not a date", "seed 7 has no log in the folder",
+                "seed 42 val_bpb=1.079 but train_seed42.log shows 1.08079",
+                "val_loss=1.081 is the val_bpb", "the score is under mean_val_bpb"]
+    assert len(warnings) == len(expected)
+    for text, warning in zip(expected, warnings):
+        assert text in warning, (text, warning)
+
+
+def test_check_warns_of_few_seeds_and_of_a_script_edited_after_compressed_runs(tmp_path):
+    one_seed = dict(seeds=[0], bpb=[1.0661], loss=[2.33302])
+    folder = challenge_folder(tmp_path, "2026-04-27_One", one_seed, "phased.txt")
+    (folder / "train_gpt.py").write_text("#" * 1600)
+    violations, warnings = check(folder)
+    assert violations == []
+    assert "train_seed0.log: ran a 1,500-byte source, but train_gpt.py is 1,600" in warnings[0]
+    assert "counted 700 bytes of compressed code" in warnings[0]
+    assert warnings[1].startswith("1 seed logged; a record shows p < 0.01")
+
+
+def test_check_command_line_exits_1_on_violations_only(tmp_path, capsys):
+    import check_record
+    clean = challenge_folder(tmp_path / "a", "2026-04-09_Clean")
+    warned = challenge_folder(tmp_path / "b", "2026-04-09_Warned")
+    (warned / "train_gpt.py").rename(warned / "train_gpt_v2.py")
+    assert check_record.main([str(clean), str(warned)]) == 0
+    out = capsys.readouterr().out
+    assert f"OK   {clean}\n" in out and f"OK   {warned}: 1 warning\n  warning: " in out
+    broken = challenge_folder(tmp_path / "c", "2026-04-09_Broken")
+    (broken / "README.md").unlink()
+    assert check_record.main([str(clean), str(broken)]) == 1
+    assert f"FAIL {broken}: 1 violation\n  - " in capsys.readouterr().out
