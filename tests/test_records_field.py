@@ -379,3 +379,25 @@ def test_check_command_line_exits_1_on_violations_only(tmp_path, capsys):
     (broken / "README.md").unlink()
     assert check_record.main([str(clean), str(broken)]) == 1
     assert f"FAIL {broken}: 1 violation\n  - " in capsys.readouterr().out
+
+
+# ---- OUR RECORDS, WITH THE SETTINGS' NEW NAMES OR THEIR OLD ONES ----
+
+def test_make_reads_ttt_by_its_new_name_or_its_old_one(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_records import make, write_log
+    for name, flag in (("ttt_enabled", "TTT_ENABLED"), ("ttt", "TTT")):
+        logs = []
+        for seed in (1, 2, 3):
+            path = write_log(tmp_path / name / f"r{seed}.txt", settings={"SEED": str(seed)},
+                             val_loss=2.05 + seed / 1000, ttt=(1.95, 1.155, 300_000.0))
+            text = path.read_text()
+            hp = re.search(r"^hyperparameters: (.*)$", text, re.M)
+            settings = {**json.loads(hp.group(1)), name: True, "ttt_chunk_tokens": 1024}
+            line = "hyperparameters: " + json.dumps(settings)
+            path.write_text(text[:hp.start()] + line + text[hp.end():])
+            logs.append(path)
+        folder = make(logs, tmp_path / name, short_name="Ttt")
+        readme = (folder / "README.md").read_text()
+        assert f"Test-time training (`{flag}=1`) is score-first" in readme
+        assert "cut into chunks of 1,024 tokens" in readme
