@@ -38,8 +38,8 @@ from pathlib import Path
 
 from scipy import stats
 
-from runlog import (distinct_runs, matching_run, number_or_none, per_seed_results, read_logs,
-                    submission_path)
+from runlog import (claimed_line, distinct_runs, matching_run, number_or_none, per_seed_results,
+                    read_logs, submission_path)
 
 MARGIN_NATS = 0.005
 ALPHA = 0.01
@@ -132,10 +132,13 @@ def pick(entry: dict, run, key: str, sources: dict):
     if value is not None:
         sources[key].add("submission.json")
         return value
-    if run is None or getattr(run, key) is None:
+    if run is None:
+        return None
+    line = claimed_line(run, number_or_none(entry.get("val_bpb")))
+    if line.get(key) is None:
         return None
     sources[key].add("logs")
-    return getattr(run, key)
+    return line[key]
 
 
 def record_sample(folder: Path) -> Sample:
@@ -196,7 +199,7 @@ def choose_unit(candidate: Sample, best: Sample, per_byte: bool) -> tuple[str, s
             return "byte", "the tokenizers differ"
         return "token", f"both used {candidate.tokenizer}"
     for sample in (candidate, best):
-        if sample.kind == "challenge":
+        if sample.kind == "challenge" and not sample.tokenizer:
             return "byte", f"the tokenizer of {sample.label} is unknown"
     return "token", ("a side's tokenizer is unknown: this is only valid if both used "
                      "the same one")

@@ -690,7 +690,17 @@ def matching_run(runs: list, seed: str, entry: dict):
     claimed = number_or_none(entry.get("val_bpb"))
     if claimed is None or not same:
         return same[0] if same else None
-    return min(same, key=lambda r: abs(r.val_bpb - claimed))
+    return min(same, key=lambda r: abs(claimed_line(r, claimed)["val_bpb"] - claimed))
+
+
+def claimed_line(run: RunLog, val_bpb: float | None) -> dict:
+    """The score line of a run that a claimed val_bpb reports: its score, or the line
+    closest to the claim (a record may report the sliding window where a TTT line follows)."""
+    score = run.finals[run.score_name]
+    if val_bpb is None:
+        return score
+    lines = [f for f in run.finals.values() if "val_bpb" in f]
+    return min(lines, key=lambda f: abs(f["val_bpb"] - val_bpb))
 
 
 def find_artifact(run: RunLog, *extra_dirs) -> Path | None:

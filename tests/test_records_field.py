@@ -401,3 +401,27 @@ def test_make_reads_ttt_by_its_new_name_or_its_old_one(tmp_path):
         readme = (folder / "README.md").read_text()
         assert f"Test-time training (`{flag}=1`) is score-first" in readme
         assert "cut into chunks of 1,024 tokens" in readme
+
+
+def test_compare_takes_val_loss_from_the_line_the_claimed_val_bpb_reports(tmp_path):
+    import compare
+    folder = tmp_path / "2026-03-23_Sliding"
+    folder.mkdir()
+    for seed in (42, 43):
+        log = (FIXTURES / "march.log").read_text().replace("seed:42", f"seed:{seed}")
+        (folder / f"train_seed{seed}.log").write_text(log)
+    # the claim is the sliding window's 1.122, not the legal TTT line that follows it
+    results = {"42": {"val_bpb": 1.122}, "43": {"val_bpb": 1.122}}
+    (folder / "submission.json").write_text(json.dumps({"seed_results": results}))
+    sample = compare.load_sample(str(folder))
+    assert sample.losses == [1.894, 1.894] and sample.tokenizer == "fineweb_1024_bpe.model"
+
+
+def test_compare_a_folder_of_known_tokenizer_with_bare_values_per_token(tmp_path, capsys):
+    import compare
+    best = claim_folder(tmp_path, "2026-04-09_Rec", REC_1_0810, "seed_results")
+    values = ",".join(str(x) for x in VARLEN_1_0734["loss"])
+    assert compare.main([values, str(best)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("unit: nats per token (val_loss); a side's tokenizer is unknown")
+    assert "one-sided p = 0.002618" in out
