@@ -786,7 +786,8 @@ def challenge_files(folder: Path, warnings: list) -> tuple[dict | None, list[str
         violations.append(f"{folder}: no README.md; the challenge's folders explain the "
                           f"submission in one")
     if not log_paths(folder):
-        violations.append(f"{folder}: no train log (*.log, *.txt, logs/); the challenge asks "
+        violations.append(f"{folder}: no train log (*.log or *.txt, in it or a subfolder); "
+                          f"the challenge asks "
                           f"for the logs the script wrote")
     path = submission_path(folder)
     if path is None:

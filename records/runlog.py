@@ -3,8 +3,8 @@
 Our logs (`logs/<RUN_ID>.txt`, written by train_gpt.py's rank 0) start with the script's own
 source between two marker lines, then one line each of versions, hardware, command,
 hyperparameters (JSON) and run layout, then the step lines and the export and round-trip lines.
-The challenge's logs (a record folder's `*.log`, `*.txt` and `logs/`) were written by many
-scripts over the weeks, in a few generations of the same lines:
+The challenge's logs (a record folder's `*.log` and `*.txt`, in it and its subfolders such as
+`logs/`) were written by many scripts over the weeks, in a few generations of the same lines:
 
     step:N/M train_loss:X train_time:Nms step_avg:Nms      the baseline, March, ours
     step:N/M val_loss:X val_bpb:Y train_time:Nms ...

@@ -5,9 +5,10 @@
     python records/summarize.py logs --csv runs.csv --json runs.json --plots plots/   # matplotlib
     python records/summarize.py ../parameter-golf/records/track_10min_16mb/*/ --group
 
-A folder's logs are its `*.log` and `*.txt` and those in its `logs/`: ours (train_gpt.py's, with
-its source at the top) and the challenge's, of every generation the field wrote; each goes
-through records/runlog.py, and every other file is named with the reason it was skipped.
+A folder's logs are its `*.log` and `*.txt`, in it and its subfolders (`logs/`): ours
+(train_gpt.py's, with its source at the top) and the challenge's, of every generation the field
+wrote; each goes through records/runlog.py, and every other file is named with the reason it was
+skipped.
 
 Per run: the env vars whose values differ from the script's defaults (read from the source
 embedded in our logs; a challenge log is labelled `RECORD=<its folder>` instead), steps, step
@@ -74,9 +75,13 @@ def class_defaults(node: ast.ClassDef) -> dict:
 
 
 def record_folder(run) -> Path:
-    """The record folder a log sits in (a log in its logs/ belongs to the folder above)."""
-    folder = run.path.parent
-    return folder.parent if folder.name == "logs" else folder
+    """The record folder a log belongs to: its own folder or the one above, whichever holds a
+    README.md or a submission*.json; else its own (the one above for a log in logs/)."""
+    here = run.path.parent
+    for folder in (here, here.parent):
+        if (folder / "README.md").is_file() or any(folder.glob("submission*.json")):
+            return folder
+    return here.parent if here.name == "logs" else here
 
 
 def changed_settings(run) -> dict:
@@ -539,7 +544,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {folder} is not a directory of run logs")
     runs, skipped = load_runs(*args.folders)
     if not runs:
-        raise SystemExit(f"error: no run logs (*.log, *.txt, logs/) in "
+        raise SystemExit(f"error: no run logs (*.log, *.txt, in them or a subfolder) in "
                          f"{', '.join(map(str, args.folders))}")
     results, common = results_from_runs(runs)
     try:
