@@ -717,7 +717,7 @@ def decimals(value: float) -> int:
     text = repr(float(value))
     if "e" in text or "." not in text:
         return 0
-    return len(text.split(".")[1].rstrip("0")) or 0
+    return len(text.split(".")[1].rstrip("0"))
 
 
 def agrees(claimed, actual: float) -> bool:
@@ -787,8 +787,7 @@ def challenge_files(folder: Path, warnings: list) -> tuple[dict | None, list[str
                           f"submission in one")
     if not log_paths(folder):
         violations.append(f"{folder}: no train log (*.log or *.txt, in it or a subfolder); "
-                          f"the challenge asks "
-                          f"for the logs the script wrote")
+                          f"the challenge asks for the logs the script wrote")
     path = submission_path(folder)
     if path is None:
         violations.append(f"{folder}: no submission.json; the challenge's folders hold one "
