@@ -496,14 +496,18 @@ def test_compare_across_tokenizers_uses_nats_per_byte(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "unit: nats per byte (val_bpb * ln 2; the tokenizers differ)" in out
     assert f"improvement {+0.02 * math.log(2):+.6f} nats" in out
-    assert "fineweb_8192_bpe.model vocab" in out
+    assert "fineweb_8192_bpe.model" in out  # the tokenizer file (VOCAB_SIZE when logged)
     # in nats per token the same records would be compared the wrong way round
     assert not compare.compare(compare.load_sample(str(cand)), compare.load_sample(str(best))).significant
-    # the margin holds in the per-byte unit: 0.005 bpb better is 0.0035 nats per byte, under 0.005
-    close = make(vocab_logs(tmp_path / "d", 8192, (2.9, 2.902, 2.898), (1.2090, 1.2100, 1.2080)), tmp_path,
+    # the margin is converted at the candidate's bytes per token: 2.9 nats per token at 1.194 bpb is
+    # 3.504 bytes per token, so 0.005 nats per token is 0.001427 nats per byte
+    assert "needs > 0.001427 nats per byte: 0.005 nats per token at the candidate's 3.504 bytes" in out
+    assert "nats per token: improvement -0.850000" in out and "not comparable: the tokenizers differ" in out
+    # 0.001 bpb better is 0.000693 nats per byte, under the converted margin
+    close = make(vocab_logs(tmp_path / "d", 8192, (2.9, 2.902, 2.898), (1.2130, 1.2140, 1.2120)), tmp_path,
                  short_name="Close")
     assert compare.main([str(close), str(best)]) == 1
-    assert "not above 0.005 nats" in capsys.readouterr().out
+    assert "not above 0.001449" in capsys.readouterr().out  # 0.005 / 3.449 bytes per token
 
 
 def test_compare_same_tokenizer_stays_per_token_and_values_per_byte(tmp_path, capsys):
@@ -512,7 +516,9 @@ def test_compare_same_tokenizer_stays_per_token_and_values_per_byte(tmp_path, ca
     cand = make(vocab_logs(tmp_path / "c", 1024, (2.030, 2.031, 2.029), (1.2020, 1.2030, 1.2010)), tmp_path,
                 short_name="B")
     assert compare.main([str(cand), str(best)]) == 0
-    assert "unit: nats per token (val_loss)\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "unit: nats per token (val_loss); both used fineweb_1024_bpe.model\n" in out
+    assert "the same test per byte, at the converted margin" in out  # the other reading
     assert compare.main(["--per-byte", "1.194,1.195,1.193", str(best)]) == 0
     assert "unit: nats per byte (val_bpb * ln 2; asked for)" in capsys.readouterr().out
     compare.main(["2.03,2.031,2.029", str(best)])

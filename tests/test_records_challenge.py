@@ -197,7 +197,7 @@ def test_compare_reads_the_challenges_folders_per_byte(tmp_path, capsys):
     ours = make(better, tmp_path, short_name="Mine")
     assert compare.main([str(ours), str(leader)]) == 0
     out = capsys.readouterr().out
-    assert "unit: nats per byte (val_bpb * ln 2; a side is a challenge folder" in out
+    assert "unit: nats per byte (val_bpb * ln 2; the tokenizer of 2026-04-27_Leader is unknown)" in out
     improvement = (sum((1.0599, 1.0612, 1.0621)) - sum((1.0480, 1.0490, 1.0485))) / 3 * math.log(2)
     assert f"improvement {improvement:+.6f} nats" in out and "SIGNIFICANT" in out
     # a folder that gives val_bpb only, against per-seed values
