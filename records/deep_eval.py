@@ -57,7 +57,8 @@ def evaluate_artifact(code: tuple[bytes, str], model_path, hyperparameters: dict
 
 def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path, tokenizer_path, mode):
     evaluate = getattr(mod, "evaluate", None) or (lambda *args, **kw: mod.metrics(mod.score(*args, **kw)))
-    if mode == "sliding" and "sliding" not in inspect.signature(getattr(mod, "evaluate", mod.score)).parameters:
+    new = hasattr(mod, "Validation")  # scripts since 2026-11-25 score sliding windows and run TTT
+    if not new and mode == "sliding" and "sliding" not in inspect.signature(getattr(mod, "evaluate", mod.score)).parameters:
         raise DeepCheckUnavailable("the record's evaluate() has no sliding-window option")
     if mode == "ttt" and not hasattr(mod, "test_time_train"):
         raise DeepCheckUnavailable("the record's script has no test_time_train()")
@@ -72,6 +73,8 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     accum = int(layout_logged.get("world_size", 1)) * int(layout_logged.get("grad_accum_steps", 1))
     same_device = layout_logged.get("device") == device.type
     use_bf16 = same_device and str(layout_logged.get("bf16")) == "True"
+    if new:  # the stages of one Run
+        return evaluate_run(mod, hp, device, accum, use_bf16, model_path, mode)
     layout = mod.Layout(rank=0, world_size=1, local_rank=0, distributed=False, device=device,
                         grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
     pattern = os.path.join(hp.data_path, "fineweb_val_*.bin")
@@ -95,3 +98,17 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(model, val_tokens, luts, hp, layout).sum(0))
     return evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if mode == "sliding" else {}))
+
+
+def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: str) -> tuple[float, float]:
+    """The same passes with a script of 2026-11-25 or later: its setup's checks, its score() and TTT."""
+    layout = mod.Layout(device=device, grad_accum_steps=accum, use_bf16=use_bf16)
+    tokenizer = mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+    tokens, counted = mod.load_validation(hp, tokenizer)
+    val = mod.Validation(tokens.to(device), counted.to(device), hp.val_batch_size)
+    model = mod.GPT(hp).to(device)
+    model.load_state_dict(mod.load_artifact(model_path), strict=True)
+    run = mod.Run(hp, layout, tokenizer, val, b"", model=model, scorer=model, trainer=model)
+    if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
+        return mod.metrics(mod.test_time_train(run).sum(0))
+    return mod.metrics(mod.score(model, val, layout, *hp.windows(mode == "sliding")))

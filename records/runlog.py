@@ -48,6 +48,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# PACK_CODE=1: the counted code is a two-line self-extractor (lzma + base85) of the minified source
+from packing import PACKED_HEAD, PACKED_TAIL, pack_source
+
 RECORDS_DIR = Path(__file__).resolve().parent
 TRACKS_PATH = RECORDS_DIR / "tracks.json"
 
@@ -59,9 +62,6 @@ FIELD = re.compile(r"([\w/]+):\s*(\S+)")
 ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 UNIX_TIME = re.compile(r"\d{9,10}\.\d+ ")
 SEED_IN_NAME = re.compile(r"seed[_-]?(\d+)")
-# PACK_CODE=1: the counted code is a two-line self-extractor (lzma + base85) of the minified source
-PACKED_HEAD = b'import lzma as L,base64 as B\nexec(L.decompress(B.b85decode("'
-PACKED_TAIL = b'")))\n'
 # milliseconds per unit of a time field: train_time:1234ms, total_eval_time:5.1s, train_time: 9.8m
 TIME_UNITS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0}
 LOG_SUFFIXES = (".log", ".txt")
@@ -740,10 +740,12 @@ _PACKED = {}  # source sha256 -> its packing, made once per process (lzma at its
 
 
 def pack_logged_source(source: bytes, filename: str) -> bytes:
-    """What PACK_CODE=1 counted: the logged script's own pack_source of the logged source."""
+    """What PACK_CODE=1 counted: the logged script's own pack_source of the logged source (scripts since
+    2026-11-25 have none: records/packing.py packed them)."""
     key = sha256_hex(source)
     if key not in _PACKED:
-        _PACKED[key] = import_source(source, filename).pack_source(source)
+        own = getattr(import_source(source, filename), "pack_source", None)
+        _PACKED[key] = (own or pack_source)(source)
     return _PACKED[key]
 
 

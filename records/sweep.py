@@ -9,7 +9,7 @@ challenge's significance verdict against a baseline configuration.
 Configurations: --grid "NAME=v1,v2 NAME=v3,v4" (every combination), or --configs FILE (one configuration a line,
 `NAME=value NAME=value`; `#` comments; a line `-` is the base command alone). Each configuration x seed is one
 run, RUN_ID <name>_<name=value...>_s<seed> (lower case, other characters made '_'), env = this environment, then
---base, then the configuration, then SEED, RUN_ID and LOG_DIR=<out>/logs. --parallel N runs N at a time: with
+--base, then the configuration, then SEED, RUN_ID and ARTIFACT_DIR=<out>/logs. --parallel N runs N at a time: with
 --gpus, each slot gets its share of the GPUs through CUDA_VISIBLE_DEVICES (8 GPUs and --parallel 2: 4 each);
 with --cpu-threads T, each run gets OMP_NUM_THREADS=T.
 
@@ -133,7 +133,7 @@ class Sweep:
 
     def env_for(self, run: PlannedRun, slot: dict) -> dict:
         return {**os.environ, **self.args.base_env, **run.settings, "SEED": str(run.seed), "RUN_ID": run.run_id,
-                "LOG_DIR": str(self.logs), **slot}
+                "ARTIFACT_DIR": str(self.logs), **slot}
 
     def launch(self, run: PlannedRun, slots: Queue) -> None:
         slot = slots.get()
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     sweep = Sweep(args)
     if args.dry_run:
         for run in runs:
-            env = {**args.base_env, **run.settings, "SEED": run.seed, "RUN_ID": run.run_id, "LOG_DIR": sweep.logs}
+            env = {**args.base_env, **run.settings, "SEED": run.seed, "RUN_ID": run.run_id, "ARTIFACT_DIR": sweep.logs}
             print(" ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(command))
         return 0
     sweep.execute(runs)

@@ -283,7 +283,7 @@ def test_make_never_overwrites_and_refuses_mixed_or_duplicate_runs(tmp_path):
 
 TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", MLP_MULT="2", TRAIN_SEQ_LEN="64",
                 TRAIN_BATCH_TOKENS="1024", VAL_BATCH_SIZE="8192", ITERATIONS="6", WARMUP_STEPS="0",
-                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT="1", TTT_CHUNK_TOKENS="1024",
+                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT_ENABLED="1", TTT_CHUNK_TOKENS="1024",
                 TTT_LR="0.01", PACK_CODE="1")  # the score is TTT's, which a deep check must re-run; the code is packed
 
 
@@ -324,7 +324,7 @@ def test_real_run_makes_a_record_that_passes(tiny_record, tiny_runs):
     head, payload, tail = re.fullmatch(rb'(import lzma as L,base64 as B\nexec\(L\.decompress\(B\.b85decode\(")(.*)'
                                        rb'("\)\)\)\n)', script, re.S).groups()
     program = lzma.decompress(base64.b85decode(payload)).decode()
-    assert '"""train_gpt.py:' not in program and "def pack_source" in program and "def main" in program
+    assert '"""train_gpt.py:' not in program and "def final_passes" in program and "def main" in program
     sub = json.loads((tiny_record / "submission.json").read_text())
     for seed, log in zip((7, 8, 9), tiny_runs):  # the claims, read from the logs by a separate regex
         result, text = sub["seed_results"][str(seed)], log.read_text()

@@ -32,7 +32,7 @@ from pathlib import Path
 class Hyperparameters:
     run_id: str = ""
     seed: int = 1337
-    log_dir: str = "logs"
+    artifact_dir: str = "logs"
     iterations: int = 20
     matrix_lr: float = 0.04
 
@@ -64,11 +64,10 @@ def main():
                   f"artifact: logs/{hp.run_id}.ptz bytes:1000 sha256:{hashlib.sha256(source).hexdigest()} export_time:5ms",
                   f"final_int8_zlib_roundtrip val_loss:{2 * rt:.4f} val_bpb:{rt:.4f} eval_time:100ms",
                   f"final_int8_zlib_roundtrip_exact val_loss:{2 * rt:.8f} val_bpb:{rt:.8f}",
-                  "progress: final_int8_zlib_ttt 512/1024 tokens/s:100 left:1s",
                   f"final_int8_zlib_ttt val_loss:{2 * ttt:.4f} val_bpb:{ttt:.4f} eval_time:300ms",
                   f"final_int8_zlib_ttt_exact val_loss:{2 * ttt:.8f} val_bpb:{ttt:.8f}",
                   "final_eval_total eval_time:400ms limit:600000ms passes:roundtrip:100ms,ttt:300ms"]
-    log = Path(hp.log_dir) / f"{hp.run_id}.txt"
+    log = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     header = f"==== train_gpt.py source bytes:{len(source)} sha256:{hashlib.sha256(source).hexdigest()} ====\n"
     log.write_bytes(header.encode() + source + b"\n==== end of source ====\n" + "\n".join(lines).encode() + b"\n")
@@ -170,7 +169,7 @@ def test_summarize_groups_logs_it_did_not_launch(fake_trainer, tmp_path, capsys)
     logs = tmp_path / "logs"
     for lr in ("0.02", "0.03"):
         for seed in ("1", "2"):
-            env = {"PATH": "/usr/bin:/bin", "MATRIX_LR": lr, "SEED": seed, "RUN_ID": f"lr{lr}_{seed}", "LOG_DIR": str(logs)}
+            env = {"PATH": "/usr/bin:/bin", "MATRIX_LR": lr, "SEED": seed, "RUN_ID": f"lr{lr}_{seed}", "ARTIFACT_DIR": str(logs)}
             subprocess.run([sys.executable, str(fake_trainer)], env=env, cwd=tmp_path, check=True)
     assert summarize.main([str(logs), "--baseline", "MATRIX_LR=0.02", "--csv", str(tmp_path / "t.csv"),
                            "--json", str(tmp_path / "t.json")]) == 0
