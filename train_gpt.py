@@ -1018,7 +1018,9 @@ def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
-    x = loader.next_batch(seqs * hp.train_seq_len * layout.world_size, hp.train_seq_len, 1)[0]
+    rows = seqs * hp.train_seq_len  # the ranks split what one process would read, so they see the same rows
+    x = loader.take(rows * layout.world_size + 1)[layout.rank * rows:(layout.rank + 1) * rows]
+    x = x.view(-1, hp.train_seq_len).to(layout.device, torch.int64)
     modules = {f"{name}.weight": m for name, m in model.named_modules()
                if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
     modules["tok_emb.weight"] = model.final_norm

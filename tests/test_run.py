@@ -587,3 +587,29 @@ def test_diverged_run_stops_with_the_step_and_keeps_its_checkpoints(workspace):
     assert kept == before, "the checkpoints before it are kept"
     assert not list((ws / "logs").glob("boom_model*")), "no artifact"
     assert os.path.exists(ws / "logs" / "earlier_model.int8_zlib.ptz")
+
+
+# Every lever at once, the export's too (GPTQ, LQER, sigma clips) and both evaluation passes after it.
+EVERY_LEVER = dict(
+    NUM_LAYERS="5", MLP_LEAKY_SLOPE="0.5", ROPE_DIMS="8", LN_SCALE="1", XSA_LAST_N="2", SMEAR_GATE_ENABLED="1",
+    BIGRAM_VOCAB_SIZE="64", BIGRAM_DIM="16", LOOP_START="1", LOOP_END="2", NUM_LOOPS="1",
+    ENABLE_LOOPING_AT="0.5", PARALLEL_START_LAYER="3", SKIP_GATES_ENABLED="1", ORTHO_INIT="1",
+    SPARSE_ATTN_GATE_ENABLED="1", MUON_WD="0.05", EMBED_WD="0.05", ADAM_WD="0.02", MUON_ROW_NORMALIZE="1",
+    MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR="0.1", EMA_DECAY="0.9", EVAL_STRIDE="32", EVAL_SEQ_LEN="128",
+    MATRIX_BITS="6", EMBED_BITS="7", ATTN_CLIP_SIGMAS="12", MLP_CLIP_SIGMAS="11", EMBED_CLIP_SIGMAS="14",
+    LQER_ENABLED="1", LQER_RANK="2", LQER_TOP_K="2", GPTQ="1", GPTQ_CALIB_SEQS="8", TTT_ENABLED="1",
+    TTT_CHUNK_TOKENS="2048", TTT_LR="0.01", TTT_EPOCHS="2", GRAD_CLIP_NORM="0.3", COMPRESSOR="lzma",
+    MUON_MOMENTUM_WARMUP_STEPS="5", WARMUP_STEPS="3", QK_GAIN_INIT="4", VAL_LOSS_EVERY="10")
+
+
+def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
+    """1 and 2 processes train, calibrate GPTQ on the same rows, export and score alike (to float noise)."""
+    finals = {}
+    for nproc in (1, 2):
+        out = run_trainer(tiny_data.env(RUN_ID=f"every{nproc}", **EVERY_LEVER), tmp_path, nproc=nproc)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = re.findall(r"^(final_\w+_exact) val_loss:(\S+)", out.stdout, re.M)
+        finals[nproc] = {name: float(loss) for name, loss in lines}
+    assert set(finals[1]) == {f"final_int6_lzma_{p}_exact" for p in ("roundtrip", "sliding_window", "ttt")}
+    for name, loss in finals[1].items():
+        assert abs(loss - finals[2][name]) < 1e-4, (name, loss, finals[2][name])
