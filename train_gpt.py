@@ -214,7 +214,7 @@ class Hyperparameters:
         span = f"LOOP_START={self.loop_start} LOOP_END={self.loop_end}"
         require(looped or not self.num_loops, f"{span}: need LOOP_START <= LOOP_END < NUM_LAYERS")
         after = self.parallel_start_layer > self.loop_end
-        require(after or not (self.num_loops and lanes), f"PARALLEL_START_LAYER={lanes}: after LOOP_END={self.loop_end}")
+        require(after or not (self.num_loops and lanes), f"PARALLEL_START_LAYER={lanes}: past LOOP_END")
         require(self.bigram_vocab_size != 1, "BIGRAM_VOCAB_SIZE=1: 0, or 2+ (a row is 'no previous token')")
         require(self.ema_decay < 1.0, f"EMA_DECAY={self.ema_decay}: below 1; 0 is off, 0.997 typical")
         require(self.eval_stride <= self.eval_window,
@@ -226,10 +226,10 @@ class Hyperparameters:
         capped_gptq = self.gptq and self.max_wallclock_seconds > 0
         require(capped_gptq or not reserve, f"GPTQ_RESERVE_SECONDS={reserve}: only for GPTQ=1 under a cap")
         require(reserve or not capped_gptq, "GPTQ=1 under MAX_WALLCLOCK_SECONDS: set GPTQ_RESERVE_SECONDS")
-        require(self.budget_ms > 0, f"GPTQ_RESERVE_SECONDS={reserve}: leaves no time of MAX_WALLCLOCK_SECONDS")
+        require(self.budget_ms > 0, f"GPTQ_RESERVE_SECONDS={reserve}: no time left of MAX_WALLCLOCK_SECONDS")
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
         batch = self.train_batch_tokens
-        require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of ranks x micro x seq = {per_micro}")
+        require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
         require(self.val_batch_size >= per_micro, f"VAL_BATCH_SIZE={self.val_batch_size}: use at least {per_micro}")
         rows = world_size * self.eval_window
         chunk = self.ttt_chunk_tokens
@@ -256,10 +256,9 @@ INSTEAD = dict(
     VAL_BATCH_TOKENS="VAL_BATCH_SIZE", GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
     **dict.fromkeys(["QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
                      "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR"]))
-FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "WD_TAPER",
-               "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "MTP_", "SWA_",
-               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "TRAIN_FILES", "VAL_FILES",
-               "DATA_DIR")
+FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
+               "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
+               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
 
 def refuse_unknown_names(environ) -> None:
     """Stop at names that look like settings but are not ours, all at once: none is silently ignored."""
@@ -332,8 +331,7 @@ def zeropower_via_newtonschulz5(G: Tensor, steps=5, eps=1e-7, dtype=torch.bfloat
     """Approximately orthogonalize G (singular values to ~1): X <- aX + (bA + cA^2)X, A = XX^T."""
     X = G.to(dtype)
     transposed = X.size(0) > X.size(1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
-    X = X.T if transposed else X
-    X = X / (X.norm() + eps)
+    X = (X.T if transposed else X) / (X.norm() + eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
         A = X @ X.T
@@ -407,9 +405,8 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 SHARD_HEADER_BYTES = 256 * 4  # 256 little-endian int32: magic, version, token count, zeros
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
-DATA_HINT = ("HINT: build the offline corpus with `python data/build_sotu.py` (DATA_PATH=./data/datasets/sotu_sp1024 "
-             "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model), or fetch the challenge's data with "
-             "`python data/download_challenge.py --variant sp1024`")
+DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024 "
+             "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py gets the challenge's")
 
 def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
     """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
@@ -936,7 +933,7 @@ def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp=0.01, sigmas: float = 0.
     return Q[:, torch.argsort(order)].float(), scale
 
 def lqer_factors(error: Tensor, rank: int) -> dict[str, tuple[int, Tensor]]:
-    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64 (the field's)."""
+    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64."""
     U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
     A = (U[:, :rank] * S[:rank]).float()
     B = Vh[:rank].float().flatten()
@@ -1014,7 +1011,7 @@ def load_artifact(source: Path | str | bytes) -> dict[str, Tensor]:
     return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
 
 def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
-    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the head's for the embedding)."""
+    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
@@ -1201,7 +1198,7 @@ def warmup(run: Run, optimizers: list) -> None:
 
 @dataclass
 class LoopState:
-    """Where training stands (with the weights and data, all a resume needs); its clock counts training only."""
+    """Where training stands (with weights and data: all a resume needs); its clock counts training only."""
     step: int = 0
     training_time_ms: float = 0.0
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
@@ -1221,7 +1218,7 @@ class LoopState:
         self.start_clock(self.device)
 
 def agree(state: LoopState, loss: Tensor, signum: int, layout: Layout) -> int:
-    """Max over ranks of the clock, the signal and a bad loss: every rank takes the same LR, phase and stop."""
+    """Max over ranks of the clock, the signal and a bad loss: the ranks take one LR, phase and stop."""
     clock = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=layout.device)
     diverged = (~torch.isfinite(loss)).to(clock)[None]  # no host sync before the all-reduce
     agreed = torch.cat((clock, diverged))
@@ -1250,7 +1247,7 @@ def log_validation(run: Run, state: LoopState) -> None:
             f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
 
 def train(run: Run, optimizers: list, ema: EMA) -> DistributedTokenLoader:
-    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns the loader (GPTQ's)."""
+    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns GPTQ's loader."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     state = keeper.restore(run, optimizers, ema, loader) if keeper else LoopState()
@@ -1324,9 +1321,9 @@ class RunLog:
 
 def describe_hardware(layout: Layout) -> list[str]:
     if layout.device.type == "cuda":
-        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout if shutil.which("nvidia-smi") else ""
+        smi = shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
         name = torch.cuda.get_device_name(layout.device)
-        return [f"hardware: cuda: {layout.world_size}x {name}"] + smi.splitlines()
+        return [f"hardware: cuda: {layout.world_size}x {name}"] + (smi or "").splitlines()
     cpuinfo = Path("/proc/cpuinfo")
     found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
     cpu = found[0] if found else platform.processor() or platform.machine()
@@ -1383,7 +1380,7 @@ def setup(environ=os.environ) -> Run:
                     use_compile=on(hp.compile), use_bf16=on(hp.bf16))
     head_dim = hp.model_dim // hp.num_heads
     if device.type == "cuda" and layout.use_bf16:
-        require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; more NUM_HEADS or BF16=0")
+        require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
     name_ok = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
     require(name_ok or not hp.run_id, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no "
             "leading '.', at most 200 characters)")
