@@ -324,8 +324,11 @@ def autocast(layout: Layout):
 # (a, b, c) per Newton-Schulz iteration, the last repeated: the quintic leaves singular values in ~[0.7, 1.2]
 # (Keller Jordan, modded-nanogpt); Polar Express (Amsel et al. 2025) narrows the band fastest.
 QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
-POLAR_EXPRESS_COEFFS = ((8.1566, -22.4833, 15.8788), (4.0429, -2.8089, 0.5000), (3.8917, -2.7725, 0.5061),
-                        (3.2858, -2.3681, 0.4645), (2.3465, -1.7098, 0.4232))
+POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),  # the field's, in full
+                        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 
 def zeropower_via_newtonschulz5(G: Tensor, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
     """Approximately orthogonalize G (singular values to ~1): X <- aX + (bA + cA^2)X, A = XX^T."""
@@ -374,7 +377,7 @@ class Muon(torch.optim.Optimizer):
                 p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
     def update(self, g: Tensor, group: dict) -> Tensor:
         if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
-            g = g / (g.norm(dim=1, keepdim=True) + 1e-7)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
         g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
