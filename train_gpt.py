@@ -92,7 +92,7 @@ class Hyperparameters:
     xsa_last_n: int = 0  # exclusive self-attention in the last N layers
     smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, never across BOS
     bigram_vocab_size: int = 0  # rows of a hashed (previous, current) token-pair embedding; 0: off
-    bigram_dim: int = 128  # its width, projected to MODEL_DIM
+    bigram_dim: int = 128  # its width (projected to MODEL_DIM)
     num_loops: int = 0  # depth recurrence: extra passes over LOOP_START..LOOP_END; 0: off
     loop_start: int = 0  # the first of the looped layers
     loop_end: int = 0  # the last of them (inclusive)
@@ -838,7 +838,7 @@ def test_time_train(run: Run) -> Tensor:
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         sums.append(score(run.scorer, run.val, run.layout, seq_len, stride, (a, b)))
         if b == num_targets:
-            break  # the last chunk: scored, never trained on
+            break  # the last chunk: scored, not trained on
         # the LR decays over the chunks trained on
         cosine = 0.5 * (1.0 + math.cos(math.pi * c / max(len(bounds) - 2, 1)))
         rows = ttt_rows(tokens[a:b + 1], hp.eval_window, run.layout)
