@@ -105,8 +105,11 @@ class Keeper:
             raise error(f"RESUME={folder}: the checkpoint is damaged ({type(e).__name__}: {e}); resume an "
                         "earlier one") from None
         defaults = asdict(type(hp)())  # a checkpoint older than a setting ran its default
+        # one written before the settings took the field's names (2026-11-25) has them under their old names
+        old_names = {new.lower(): old.lower() for old, new in self.tg.INSTEAD.items() if new}
         for name in MODEL_SHAPE_SETTINGS:
-            saved = meta["hyperparameters"].get(name, defaults[name])
+            logged = meta["hyperparameters"]
+            saved = logged.get(name, logged.get(old_names.get(name), defaults[name]))
             if saved != getattr(hp, name):
                 raise error(f"RESUME={folder}: the checkpoint has {name.upper()}={saved} but this run has "
                             f"{name.upper()}={getattr(hp, name)}; set it to match")

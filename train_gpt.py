@@ -370,7 +370,7 @@ class Muon(torch.optim.Optimizer):
                 if i % self.layout.world_size == self.layout.rank:
                     views[i].copy_(self.update(p.grad.add(buf, alpha=momentum), group).flatten())  # Nesterov
             if self.layout.distributed:
-                dist.all_reduce(updates, op=dist.ReduceOp.SUM)
+                dist.all_reduce(updates)  # summed
             for p, update in zip(params, views):
                 if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
                     p.mul_(1.0 - group["lr"] * group["weight_decay"])
@@ -973,7 +973,7 @@ def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
         for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:
             for part, (bits, x) in lqer_factors(errors[name], hp.lqer_rank).items():
                 top = 2 ** (bits - 1)  # asymmetric: [-top, top - 1], absmax / 1.5 (int2), / 7.5 (int4)
-                step = x.abs().amax(dim=1, keepdim=True) / (top - 0.5)
+                step = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(max=65504.0)
                 q, scale = int_rows(x, step[None], -top, top - 1)
                 ints[f"{name}.lqer_{part}"] = q.to(torch.int8)
                 scales[f"{name}.lqer_{part}"] = scale.half()
@@ -1182,22 +1182,22 @@ def warmup(run: Run, optimizers: list) -> None:
         train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
         if step + 1 in (1, hp.warmup_steps):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
-    if layout.use_compile:  # the final passes' graphs, in the phase training ends in
-        model.set_looping(phases[-1])
-        window = hp.longest_seq_len
-        size = max(window, hp.ttt_chunk_tokens) + 1
-        tokens = torch.randint(hp.vocab_size, (size,), device=layout.device).int()
-        noise = Validation(tokens[:window + 1], torch.zeros_like(tokens[:window + 1]), hp.val_batch_size)
-        for sliding in {False, hp.eval_stride > 0}:
-            score(run.scorer, noise, layout, *hp.windows(sliding))
-        if hp.ttt_enabled:
-            rows = ttt_rows(tokens[:hp.ttt_chunk_tokens + 1], hp.eval_window, layout)
-            train_step(run.trainer, [rows], [], 0.0, 0.0, layout)
-            model.zero_grad(set_to_none=True)
+    if layout.use_compile:  # the final passes' graphs in each phase a run may end in, a window per rank
+        window = layout.world_size * hp.longest_seq_len
+        tokens = torch.randint(hp.vocab_size, (max(window, hp.ttt_chunk_tokens) + 1,), device=layout.device)
+        noise = Validation(tokens[:window + 1].int(), torch.zeros_like(tokens[:window + 1]), hp.val_batch_size)
+        for phase in phases:
+            model.set_looping(phase)
+            for sliding in {False, hp.eval_stride > 0}:
+                score(run.scorer, noise, layout, *hp.windows(sliding))
+            if hp.ttt_enabled:
+                rows = ttt_rows(tokens[:hp.ttt_chunk_tokens + 1].int(), hp.eval_window, layout)
+                train_step(run.trainer, [rows], [], 0.0, 0.0, layout)
+        model.zero_grad(set_to_none=True)
         run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
-    model.set_looping(phases[0])
     for target, state in zip([model] + optimizers, initial):
         target.load_state_dict(state)
+    model.set_looping(phases[0])  # after the restore, which loads the initial flag
 
 @dataclass
 class LoopState:

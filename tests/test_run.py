@@ -613,3 +613,31 @@ def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
     assert set(finals[1]) == {f"final_int6_lzma_{p}_exact" for p in ("roundtrip", "sliding_window", "ttt")}
     for name, loss in finals[1].items():
         assert abs(loss - finals[2][name]) < 1e-4, (name, loss, finals[2][name])
+
+
+def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(tiny_data, tmp_path):
+    """Warmup primes the final passes in every phase training may end in, with a window for every rank:
+    a run that stops before its loop switch, on 2 processes, compiles nothing inside the timed passes."""
+    driver = tmp_path / "driver.py"
+    driver.write_text("import functools, torch\n"
+                      "torch.compile = functools.partial(torch.compile, backend='eager')\n"
+                      "import train_gpt as tg\n"
+                      "tg.main()\n")
+    env = tiny_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
+                        ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
+                        EVAL_STRIDE=32, TTT_ENABLED=1, TTT_CHUNK_TOKENS=512, SLIDING_WINDOW_ENABLED=0)
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(driver)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "phase: from step:" not in out.stdout, "8 steps end before 0.99 of the budget"
+    assert re.search(r"graphs_compiled_inside:0$", out.stdout, flags=re.M), out.stdout[-2000:]
+
+
+def test_loops_from_the_first_step_when_enabled_at_zero(tiny_data, tmp_path):
+    """ENABLE_LOOPING_AT=0: the recurrence is on for every step, warmup's restore notwithstanding."""
+    env = tiny_data.env(RUN_ID="loop0", NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
+                        ENABLE_LOOPING_AT=0, ITERATIONS=4, WARMUP_STEPS=2)
+    out = run_trainer(env, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "phase: from step:" not in out.stdout, "no switch: the first step already loops"
