@@ -179,7 +179,7 @@ class Keeper:
             environ = {**os.environ, "RESUME": str(folder), "RUN_ID": self.hp.run_id}
             command = self.tg.launch_command(environ)
             run.log(f"stopped by {why} after step:{state.step}; resume with: {command}")
-            self.tg.shutdown(layout)
+            self.tg.shutdown(run)
             sys.exit(128 + signum)
 
     def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import gc
 import glob
 import hashlib
 import importlib
@@ -181,10 +182,9 @@ class Hyperparameters:
             return self.train_seq_len, self.train_seq_len
         return self.eval_window, self.eval_stride or self.eval_window
     def micro_steps(self, world_size: int) -> int:  # 8 // world size: 1 and 8 GPUs take the same step
-        if self.grad_accum_steps:
-            return self.grad_accum_steps
-        require(8 % world_size == 0, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
-        return 8 // world_size
+        fits = self.grad_accum_steps or 8 % world_size == 0
+        require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
+        return self.grad_accum_steps or 8 // world_size
     def validate(self, world_size: int = 1) -> None:
         """Refuse what the settings alone make impossible, naming the variable, its value and the fix."""
         values = vars(self)
@@ -399,6 +399,7 @@ def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> list[to
                 update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32, weight_decay=hp.muon_wd,
                 row_normalize=hp.muon_row_normalize, layout=layout,
                 coeffs=POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS)
+    # the schedule scales each group's own LR
     for group in adam.param_groups + muon.param_groups:
         group["base_lr"] = group["lr"]
     return [adam, muon]
@@ -1129,8 +1130,7 @@ class EMA:
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         if self.params is not None:
-            live = [p.detach() for p in model.parameters()]
-            torch._foreach_lerp_(self.params, live, 1.0 - self.decay)
+            torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
     @torch.no_grad()
     def swap(self, model: nn.Module) -> None:
         if self.params is None:
@@ -1223,8 +1223,7 @@ class LoopState:
 def agree(state: LoopState, loss: Tensor, signum: int, layout: Layout) -> int:
     """Max over ranks of the clock, the signal and a bad loss: the ranks take one LR, phase and stop."""
     clock = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=layout.device)
-    diverged = (~torch.isfinite(loss)).to(clock)[None]  # no host sync before the all-reduce
-    agreed = torch.cat((clock, diverged))
+    agreed = torch.cat((clock, (~torch.isfinite(loss)).to(clock)[None]))  # no host sync before it
     if layout.distributed:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     state.elapsed_ms, signum, diverged = agreed.tolist()
@@ -1478,14 +1477,16 @@ def main() -> None:
         blob = export(run, hessians)
         run.model.load_state_dict(load_artifact(blob), strict=True)  # its loop phase too
         final_passes(run)
-        shutdown(layout)
+        shutdown(run)
     except BaseException as error:
         run.log.failure(error, layout.rank)
         raise
 
-def shutdown(layout: Layout) -> None:
-    if layout.distributed:
+def shutdown(run: Run) -> None:
+    if run.layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
+        run.trainer = None  # DDP holds the group: freed now, gloo's threads cannot abort the exit
+        gc.collect()
         dist.destroy_process_group()
 
 if __name__ == "__main__":
