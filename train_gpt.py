@@ -48,11 +48,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 class ConfigError(ValueError):
     """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
 
-def require(ok: bool, message: str) -> None:
+def require(ok, message):
     if not ok:
         raise ConfigError(message)
 
-def sha256(data: bytes) -> str:  # the log's, the artifact's and the checkpoints' fingerprint
+def sha256(data):  # the log's, the artifact's and the checkpoints' fingerprint
     return hashlib.sha256(data).hexdigest()
 
 @dataclass
@@ -157,35 +157,35 @@ class Hyperparameters:
     optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at gradient buckets (the field: off)
 
     @classmethod
-    def from_env(cls, environ=os.environ, world_size: int = 1) -> Hyperparameters:
+    def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
         refuse_unknown_names(environ)
         hp = cls(**{f.name: parse_setting(f.name.upper(), environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
         return hp
     @property
-    def budget_ms(self) -> float:  # training's wallclock: the cap less GPTQ's reserve; inf: no cap
+    def budget_ms(self):  # training's wallclock: the cap less GPTQ's reserve; inf: no cap
         capped = self.max_wallclock_seconds > 0
         return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if capped else math.inf
     @property
-    def eval_window(self) -> int:
+    def eval_window(self):
         return self.eval_seq_len or self.train_seq_len
     @property
-    def longest_seq_len(self) -> int:  # RoPE's table and the validation split's cut
+    def longest_seq_len(self):  # RoPE's table and the validation split's cut
         return max(self.train_seq_len, self.eval_seq_len)
     @property
-    def export_tag(self) -> str:  # names the artifact and the final lines: final_int6_lzma_roundtrip
+    def export_tag(self):  # names the artifact and the final lines: final_int6_lzma_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
-    def windows(self, sliding: bool) -> tuple[int, int]:
+    def windows(self, sliding) -> tuple[int, int]:
         """(length, stride) of scoring windows: the training length, or the sliding window."""
         if not sliding:
             return self.train_seq_len, self.train_seq_len
         return self.eval_window, self.eval_stride or self.eval_window
-    def micro_steps(self, world_size: int) -> int:  # 8 // world size: 1 and 8 GPUs take the same step
+    def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
         fits = self.grad_accum_steps or 8 % world_size == 0
         require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
         return self.grad_accum_steps or 8 // world_size
-    def validate(self, world_size: int = 1) -> None:
+    def validate(self, world_size=1):
         """Refuse what the settings alone make impossible, naming the variable, its value and the fix."""
         values = vars(self)
         for name, value in values.items():
@@ -260,7 +260,7 @@ FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "S
                "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
                "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
 
-def refuse_unknown_names(environ) -> None:
+def refuse_unknown_names(environ):
     """Stop at names that look like settings but are not ours, all at once: none is silently ignored."""
     refused = []
     for name, value in environ.items():
@@ -278,7 +278,7 @@ def refuse_unknown_names(environ) -> None:
 
 BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
-def parse_setting(name: str, raw: str, default):
+def parse_setting(name, raw, default):
     """An environment variable's text as its setting's type, or an error that shows how to write it."""
     kind = type(default)
     text = raw.strip()
@@ -305,19 +305,19 @@ class Layout:
     use_compile: bool = False
     use_bf16: bool = False
     @property
-    def distributed(self) -> bool:
+    def distributed(self):
         return self.world_size > 1
 
-def pick_device(local_rank: int, choice: str = "auto") -> torch.device:
+def pick_device(local_rank, choice="auto"):
     """The one place that chooses hardware: DEVICE, or (auto) CUDA if there is one, else the CPU."""
     cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 
-def synchronize(device: torch.device) -> None:
+def synchronize(device):
     if device.type == "cuda":  # CPU work is already done when the call returns
         torch.cuda.synchronize()
 
-def autocast(layout: Layout):
+def autocast(layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
 
 # ---- MUON OPTIMIZER ----
@@ -330,7 +330,7 @@ POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.8787699152074
                         (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
                         (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 
-def zeropower_via_newtonschulz5(G: Tensor, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
+def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
     """Approximately orthogonalize G (singular values to ~1): X <- aX + (bA + cA^2)X, A = XX^T."""
     X = G.to(dtype)
     transposed = X.size(0) > X.size(1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
@@ -375,13 +375,13 @@ class Muon(torch.optim.Optimizer):
                 if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
                     p.mul_(1.0 - group["lr"] * group["weight_decay"])
                 p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
-    def update(self, g: Tensor, group: dict) -> Tensor:
+    def update(self, g, group):
         if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
         g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
-def build_optimizers(model: GPT, hp: Hyperparameters, layout: Layout) -> list[torch.optim.Optimizer]:
+def build_optimizers(model, hp, layout) -> list[torch.optim.Optimizer]:
     """[AdamW for embeddings, vectors and controls; Muon for the other 2-D matrices]."""
     embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
     matrices = []
@@ -412,7 +412,7 @@ BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024 "
              "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py gets the challenge's")
 
-def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
+def shard_tokens(path, vocab_size: int | None = None):
     """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
     path = Path(path)
     fix = "rebuild or re-download this shard (see data/README.md)"
@@ -433,7 +433,7 @@ def shard_tokens(path, vocab_size: int | None = None) -> np.ndarray:
                           "shard was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to its own")
     return tokens
 
-def load_shards(pattern: str, what: str, vocab_size: int | None = None, share=(0, 1)) -> list[np.ndarray]:
+def load_shards(pattern, what, vocab_size: int | None = None, share=(0, 1)) -> list[np.ndarray]:
     """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
     files = sorted(glob.glob(pattern))
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
@@ -442,18 +442,18 @@ def load_shards(pattern: str, what: str, vocab_size: int | None = None, share=(0
     require(sum(map(len, shards)) > 0, f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
     return shards
 
-def train_pattern(hp: Hyperparameters) -> str:
+def train_pattern(hp):
     return os.path.join(hp.data_path, "fineweb_train_*.bin")
 
 class DistributedTokenLoader:
     """The training shards in order, wrapping around; each rank keeps its span (+1) of each global chunk."""
-    def __init__(self, pattern: str, rank: int = 0, world_size: int = 1, device=torch.device("cpu")):
+    def __init__(self, pattern, rank=0, world_size=1, device=torch.device("cpu")):
         self.shards = load_shards(pattern, "training")
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.position = [0, 0]  # [shard, token]: what a checkpoint saves
-    def take(self, n: int) -> Tensor:
+    def take(self, n):
         chunks = []
         while n > 0:  # ends: setup() checked that the shards hold tokens
             index, pos = self.position
@@ -463,7 +463,7 @@ class DistributedTokenLoader:
             if self.position[1] == len(self.shards[index]):
                 self.position = [(index + 1) % len(self.shards), 0]
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
-    def next_batch(self, global_tokens: int, seq_len: int, grad_accum_steps: int) -> tuple[Tensor, Tensor]:
+    def next_batch(self, global_tokens, seq_len, grad_accum_steps) -> tuple[Tensor, Tensor]:
         span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
         local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
         if self.device.type == "cuda":
@@ -484,7 +484,7 @@ class Tokenizer:
     no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
     dummy_prefix: bool  # the tokenizer adds a space in front of every document, which is not text
 
-def read_pieces(path: Path):
+def read_pieces(path):
     """[(kind, piece)] per id, the decoder, what it makes of "a": SentencePiece, or the byte tokenizer."""
     if path.suffix != ".json":
         import sentencepiece as spm
@@ -500,11 +500,11 @@ def read_pieces(path: Path):
         raise ValueError(f"tokenizer_type {spec.get('tokenizer_type')!r} is not 'pure_byte'")
     offset = int(spec["config"]["byte_offset"])
     pieces = [("byte" if 0 <= i - offset < 256 else "control", "") for i in range(int(spec["vocab_size"]))]
-    def decode(ids: list[int]) -> str:
+    def decode(ids):
         return bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
     return pieces, decode, ""
 
-def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
+def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
     path = Path(tokenizer_path)
     name = f"TOKENIZER_PATH={tokenizer_path}"
     require(path.is_file(), f"{name} is not a file. {DATA_HINT}")
@@ -527,7 +527,7 @@ def load_tokenizer(tokenizer_path, vocab_size: int) -> Tokenizer:
     return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(leading_space), torch.tensor(no_text),
                      added == SPACE + "a")
 
-def token_bytes(tokens: Tensor, tok: Tokenizer) -> Tensor:
+def token_bytes(tokens, tok):
     """Bytes of text behind each token: its id's, less the space the tokenizer adds before each document."""
     ids = tokens.long()
     counted = tok.piece_bytes[ids]
@@ -537,7 +537,7 @@ def token_bytes(tokens: Tensor, tok: Tokenizer) -> Tensor:
         counted -= (tok.leading_space[ids] & starts).long()
     return counted
 
-def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str, share=(0, 1), restore=None):
+def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
     """Refuse, naming it, a document of share = (rank, world) not counted as the bytes of its text."""
     if (counted < 0).any():
         raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could "
@@ -562,7 +562,7 @@ def check_token_bytes(tokens: Tensor, counted: Tensor, tok: Tokenizer, what: str
 # it (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
 CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
 
-def case_restore(text: str) -> str:  # the original of CaseOps text; text without operators as it is
+def case_restore(text):  # the original of CaseOps text; text without operators as it is
     return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
 
 @dataclass
@@ -572,7 +572,7 @@ class Validation:
     bytes: Tensor
     batch_tokens: int
 
-def load_validation(hp: Hyperparameters, tok: Tokenizer, share=(0, 1)) -> tuple[Tensor, Tensor]:
+def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Validation:
     """The validation tokens and their bytes (a CaseOps sidecar's, if any), checked, cut to whole windows."""
     pattern = os.path.join(hp.data_path, "fineweb_val_[0-9]*.bin")
     shards = load_shards(pattern, "validation", len(tok.piece_bytes))
@@ -592,29 +592,30 @@ def load_validation(hp: Hyperparameters, tok: Tokenizer, share=(0, 1)) -> tuple[
     require(usable > 0 and bool(counted[1:usable + 1].any()), f"DATA_PATH: the validation split {pattern} "
             f"holds {tokens.numel()} tokens ({int(counted.sum())} bytes of text), not one window of "
             f"{seq_len} + 1 with text; lower TRAIN_SEQ_LEN/EVAL_SEQ_LEN or build more validation data")
-    return tokens[:usable + 1], counted[:usable + 1].to(torch.int16)
+    counted = counted[:usable + 1].to(torch.int16)
+    return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
 
 # ---- MODEL ----
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
                        "lane_mix", "smear_gate", "attn_gate")
 
 class CastedLinear(nn.Linear):  # fp32 weights for the optimizer; the matmul in the activations' dtype
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
 
-def rms_norm(x: Tensor) -> Tensor:
+def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
-def input_gate(x: Tensor, weight: Tensor, scale: float = 1.0) -> Tensor:
+def input_gate(x, weight, scale=1.0):
     """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
     return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
 
-def rotary_cos_sin(seq_len: int, rope_dims: int, base: float) -> tuple[Tensor, Tensor]:
+def rotary_cos_sin(seq_len, rope_dims, base) -> tuple[Tensor, Tensor]:
     inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, rope_dims/2)
     return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, rope_dims/2)
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def apply_rotary(x, cos, sin):
     """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
     rotated = 2 * cos.size(-1)
     x1, x2 = x[..., :rotated].chunk(2, dim=-1)
@@ -622,16 +623,15 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out if rotated == x.size(-1) else torch.cat((out, x[..., rotated:]), dim=-1)
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, hp: Hyperparameters, layer: int):
+    def __init__(self, hp, layer):
         super().__init__()
         dim = hp.model_dim
-        self.num_heads = hp.num_heads
-        self.num_kv_heads = hp.num_kv_heads
         self.head_dim = dim // hp.num_heads
+        kv_dim = hp.num_kv_heads * self.head_dim
         self.xsa = layer >= hp.num_layers - hp.xsa_last_n
         self.c_q = CastedLinear(dim, dim, bias=False)
-        self.c_k = CastedLinear(dim, hp.num_kv_heads * self.head_dim, bias=False)
-        self.c_v = CastedLinear(dim, hp.num_kv_heads * self.head_dim, bias=False)
+        self.c_k = CastedLinear(dim, kv_dim, bias=False)
+        self.c_v = CastedLinear(dim, kv_dim, bias=False)
         self.proj = CastedLinear(dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         # fp32 tables computed once, not inside the kernels; not saved, and not broadcast by DDP
@@ -642,43 +642,44 @@ class CausalSelfAttention(nn.Module):
         self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
         gate = nn.Parameter(torch.zeros(hp.num_heads, min(12, dim)))  # (H, 12)
         self.attn_gate = gate if hp.sparse_attn_gate_enabled else None
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x):
         B, T, C = x.shape
-        q = self.c_q(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.c_k(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.c_v(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
+        heads = (-1, self.head_dim)
+        q = self.c_q(x).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
+        k = self.c_k(x).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.c_v(x).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
         cos = self.rope_cos[:, :, :T]
         sin = self.rope_sin[:, :, :T]
         q = rms_norm(q)  # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
         k = rms_norm(k)
         q = apply_rotary(q, cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
         k = apply_rotary(k, cos, sin)
-        gqa = self.num_kv_heads != self.num_heads
+        gqa = k.size(1) != q.size(1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
         if self.xsa:  # exclusive self-attention: drop each head's component along its token's own value
-            y = y.view(B, self.num_kv_heads, self.num_heads // self.num_kv_heads, T, self.head_dim)
-            v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd): one per query-head group
+            y = y.unflatten(1, (k.size(1), -1))  # (B, Hkv, H / Hkv, T, hd): query heads by their group
+            v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
-            y = y.view(B, self.num_heads, T, self.head_dim)
+            y = y.flatten(1, 2)
         if self.attn_gate is not None:  # each head's output times a gate on the token (the field's)
             gate = input_gate(x, self.attn_gate, 0.5).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, mlp_mult: int, leaky_slope: float = 0.0):
+    def __init__(self, dim, mlp_mult, leaky_slope=0.0):
         super().__init__()
         self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
         self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         self.leaky_slope = leaky_slope
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x):
         return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())  # slope 0: relu^2
 
 class Block(nn.Module):
     """Attention then MLP on one residual stream, or (PARALLEL_START_LAYER on) on two lanes: attention reads
     lane 0, the MLP lane 1, and each lane adds both outputs with learned weights (the field's)."""
-    def __init__(self, hp: Hyperparameters, layer: int):
+    def __init__(self, hp, layer):
         super().__init__()
         dim = hp.model_dim
         self.attn = CausalSelfAttention(hp, layer)
@@ -692,9 +693,9 @@ class Block(nn.Module):
         # per lane: the weights of [its residual, attention's output, the MLP's output] (the field's init)
         lanes = 0 < hp.parallel_start_layer <= layer
         self.lane_mix = nn.Parameter(torch.tensor([[1.1, 1.0, 1.0]] * 2)) if lanes else None
-    def norm(self, x: Tensor) -> Tensor:
+    def norm(self, x):
         return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
-    def forward(self, lanes: list[Tensor], x0: Tensor) -> list[Tensor]:
+    def forward(self, lanes, x0):  # lanes: [(B, T, C)], one or two
         mix = self.resid_mix.to(x0.dtype)
         x = mix[0] * lanes[0] + mix[1] * x0
         attn = self.attn_scale.to(x.dtype) * self.attn(self.norm(x))
@@ -705,10 +706,10 @@ class Block(nn.Module):
         w = self.lane_mix.to(x.dtype)  # (lanes, 3)
         return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
 
-def lanes_mean(lanes: list[Tensor]) -> Tensor:
+def lanes_mean(lanes):
     return lanes[0] if len(lanes) == 1 else torch.stack(lanes).mean(0)
 
-def bigram_hash(idx: Tensor, buckets: int) -> Tensor:
+def bigram_hash(idx, buckets):
     """(previous, current) -> rows 0..buckets-2 (the field's BigramHash); last row: no previous, or BOS."""
     prev = F.pad(idx[:, :-1], (1, 0))
     rows = torch.bitwise_xor(36313 * idx, 27191 * prev) % (buckets - 1)
@@ -716,7 +717,7 @@ def bigram_hash(idx: Tensor, buckets: int) -> Tensor:
     return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
 
 class GPT(nn.Module):
-    def __init__(self, hp: Hyperparameters):
+    def __init__(self, hp):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
@@ -748,13 +749,13 @@ class GPT(nn.Module):
                 nn.init.orthogonal_(linear.weight)
         self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
         nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)  # the output head too
-    def set_looping(self, on: bool) -> None:  # depth recurrence on or off, in the artifact's flag too
+    def set_looping(self, on):  # depth recurrence on or off, in the artifact's flag too
         self.looping = on
         if hasattr(self, "loop_on"):
             self.loop_on.fill_(int(on))
-    def layer_order(self) -> list[int]:
+    def layer_order(self):
         return self.looped_order if self.looping else list(range(len(self.blocks)))
-    def embed(self, idx: Tensor) -> Tensor:
+    def embed(self, idx):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.bigram is not None:
             pairs = self.bigram(bigram_hash(idx, self.bigram.num_embeddings))
@@ -766,7 +767,7 @@ class GPT(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return rms_norm(x)
-    def logits(self, idx: Tensor) -> Tensor:
+    def logits(self, idx):
         x0 = self.embed(idx)
         lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
         order = self.layer_order()
@@ -783,25 +784,25 @@ class GPT(nn.Module):
         x = self.final_norm(lanes_mean(lanes))
         logits = F.linear(x, self.tok_emb.weight.to(x.dtype)).float()  # (B, T, V): the tied head
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
-    def add_skip(self, x: Tensor, k: int, skip: Tensor) -> Tensor:
+    def add_skip(self, x, k, skip):
         """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
         skip = self.skip_weights[k].to(x.dtype) * skip
         if self.skip_gates is None:
             return x + skip
         return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
-    def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+    def forward(self, idx, targets, reduction="mean"):
         logits = self.logits(idx)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
 # ---- EVALUATION ----
-def metrics(sums: Tensor) -> tuple[float, float]:
+def metrics(sums) -> tuple[float, float]:
     """val_loss (nats per token) and val_bpb of score()'s sums of loss, tokens and bytes."""
     loss_sum, tokens, num_bytes = sums.tolist()
     val_loss = loss_sum / tokens
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
 
 @torch.no_grad()
-def score(model: nn.Module, val: Validation, layout: Layout, seq_len: int, stride: int, span=None) -> Tensor:
+def score(model, val, layout, seq_len, stride, span=None):
     """Summed loss, tokens, bytes (over ranks) of span's targets: each once, by its window's last stride."""
     device = layout.device
     start, stop = span or (0, val.tokens.numel() - 1)
@@ -826,7 +827,7 @@ def score(model: nn.Module, val: Validation, layout: Layout, seq_len: int, strid
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     return sums.cpu()
 
-def test_time_train(run: Run) -> Tensor:
+def test_time_train(run):
     """Score-first TTT: each chunk is scored, then trained on; returns the sums per chunk (chunks, 3)."""
     hp = run.hp
     seq_len, stride = hp.windows(hp.eval_stride > 0)
@@ -842,16 +843,16 @@ def test_time_train(run: Run) -> Tensor:
             break  # the last chunk: scored, not trained on
         # the LR decays over the chunks trained on
         cosine = 0.5 * (1.0 + math.cos(math.pi * c / max(len(bounds) - 2, 1)))
-        rows = ttt_rows(tokens[a:b + 1], hp.eval_window, run.layout)
+        rows = rank_rows(tokens[a:b + 1], hp.eval_window, run.layout)
         for _ in range(hp.ttt_epochs):
             train_step(run.trainer, [rows], [sgd], cosine, hp.ttt_grad_clip, run.layout)
     return torch.stack(sums)
 
-def ttt_rows(chunk: Tensor, seq_len: int, layout: Layout) -> tuple[Tensor, Tensor]:
-    """This rank's contiguous block of a chunk's rows (x, y): the shape and strides of the primed graph."""
-    chunk = chunk.to(layout.device, torch.int64)
-    x = chunk[:-1].view(layout.world_size, -1, seq_len)[layout.rank]
-    y = chunk[1:].view(layout.world_size, -1, seq_len)[layout.rank]
+def rank_rows(tokens, seq_len, layout) -> tuple[Tensor, Tensor]:
+    """This rank's contiguous block of the rows (x, y) of tokens split evenly over the ranks (+1 target)."""
+    tokens = tokens.to(layout.device, torch.int64)
+    x = tokens[:-1].view(layout.world_size, -1, seq_len)[layout.rank]  # (B, T)
+    y = tokens[1:].view(layout.world_size, -1, seq_len)[layout.rank]
     return x, y
 
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
@@ -872,12 +873,12 @@ COMPRESSORS = {
              lambda blob: importlib.import_module("zpaq").decompress(blob), b"7kSt"),
 }
 
-def is_quantized(name: str, tensor: Tensor) -> bool:
+def is_quantized(name, tensor):
     """Stored as integers: the large matrices, and the attention gates (int8 rows, as the field's)."""
     big = tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
     return tensor.is_floating_point() and (big or name.endswith("attn_gate"))
 
-def quant_spec(name: str, hp: Hyperparameters) -> tuple[int, float]:
+def quant_spec(name, hp) -> tuple[int, float]:
     """(bits, clip in row stds; 0: the searched clip) of a matrix stored as integers, by its kind."""
     if name == "tok_emb.weight":
         return hp.embed_bits, hp.embed_clip_sigmas
@@ -890,7 +891,7 @@ def quant_spec(name: str, hp: Hyperparameters) -> tuple[int, float]:
         kind = hp.mlp_clip_sigmas
     return hp.matrix_bits, kind or hp.matrix_clip_sigmas
 
-def int_rows(x: Tensor, steps: Tensor, low: int, high: int) -> tuple[Tensor, Tensor]:
+def int_rows(x, steps, low, high) -> tuple[Tensor, Tensor]:
     """Per-row integers in [low, high] and fp16 steps, each row's best of the candidates (K, R, 1)."""
     # floored at fp16's smallest normal (no division by 0); beyond its range: inf, which the export refuses
     steps = steps.clamp(min=2.0 ** -14).half().float()
@@ -899,7 +900,7 @@ def int_rows(x: Tensor, steps: Tensor, low: int, high: int) -> tuple[Tensor, Ten
     rows = torch.arange(x.size(0), device=x.device)
     return q[best, rows], steps[best, rows, 0]
 
-def quantize_rows(w: Tensor, bits: int, sigmas: float = 0.0) -> tuple[Tensor, Tensor]:
+def quantize_rows(w, bits, sigmas=0.0) -> tuple[Tensor, Tensor]:
     """Symmetric integers in [-qmax, qmax] at the searched clip, or at SIGMAS row stds."""
     qmax = 2 ** (bits - 1) - 1
     if sigmas:
@@ -909,7 +910,7 @@ def quantize_rows(w: Tensor, bits: int, sigmas: float = 0.0) -> tuple[Tensor, Te
         clips = [absmax * f for f in CLIP_FRACTIONS]  # float fractions: no host-to-device copy
     return int_rows(w, torch.stack(clips) / qmax, -qmax, qmax)
 
-def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp=0.01, sigmas: float = 0.0, block=128):
+def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
     """GPTQ (Frantar et al. 2022) with quantize_rows's scales, in act order: each column's rounding error goes
     onto later ones via the Cholesky factor of H^-1, H damped by damp * mean(diag H). H = I: round-to-nearest."""
     qmax = 2 ** (bits - 1) - 1
@@ -936,14 +937,14 @@ def gptq_quantize(w: Tensor, H: Tensor, bits: int, damp=0.01, sigmas: float = 0.
         W[:, b:] -= err @ U[a:b, b:]
     return Q[:, torch.argsort(order)].float(), scale
 
-def lqer_factors(error: Tensor, rank: int) -> dict[str, tuple[int, Tensor]]:
+def lqer_factors(error, rank) -> dict[str, tuple[int, Tensor]]:
     """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64."""
     U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
     A = (U[:, :rank] * S[:rank]).float()
     B = Vh[:rank].float().flatten()
     return {"a": (2, A.reshape(1, -1)), "b": (4, F.pad(B, (0, -len(B) % 64)).view(-1, 64))}
 
-def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
+def quantize_state_dict(state_dict, hp, hessians=None):
     """Matrices -> per-row integers, a byte each (what compresses best), fp16 scales; the rest in float."""
     ints = {}
     scales = {}
@@ -980,7 +981,7 @@ def quantize_state_dict(state_dict, hp: Hyperparameters, hessians=None) -> dict:
                 scales[f"{name}.lqer_{part}"] = scale.half()
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
-def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
+def dequantize_state_dict(obj) -> dict[str, Tensor]:
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
     for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction
         W = weights[name.removesuffix(".lqer_a")]
@@ -993,7 +994,7 @@ def dequantize_state_dict(obj: dict) -> dict[str, Tensor]:
         state[name] = value.to(getattr(torch, dtype))
     return state
 
-def save_artifact(state_dict: dict[str, Tensor], path: Path | None, hp: Hyperparameters, hessians=None) -> bytes:
+def save_artifact(state_dict, path: Path | None, hp, hessians=None):
     """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
     buffer = io.BytesIO()
     torch.save(quantize_state_dict(state_dict, hp, hessians), buffer)
@@ -1014,14 +1015,14 @@ def load_artifact(source: Path | str | bytes) -> dict[str, Tensor]:
     raw = io.BytesIO(decompress(blob))
     return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
 
-def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
+def calibrate(run, loader) -> dict[str, Tensor]:
     """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
-    rows = seqs * hp.train_seq_len  # the ranks split what one process would read, so they see the same rows
-    x = loader.take(rows * layout.world_size + 1)[layout.rank * rows:(layout.rank + 1) * rows]
-    x = x.view(-1, hp.train_seq_len).to(layout.device, torch.int64)
+    # the ranks split what one process would read, so they see the same rows
+    tokens = loader.take(seqs * layout.world_size * hp.train_seq_len + 1)
+    x = rank_rows(tokens, hp.train_seq_len, layout)[0]
     modules = {f"{name}.weight": m for name, m in model.named_modules()
                if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
     modules["tok_emb.weight"] = model.final_norm
@@ -1044,7 +1045,7 @@ def calibrate(run: Run, loader: DistributedTokenLoader) -> dict[str, Tensor]:
             f"calibration_time:{ms:.0f}ms reserved:{1000 * hp.gptq_reserve_seconds:.0f}ms")
     return hessians
 
-def export(run: Run, hessians=None) -> bytes:
+def export(run, hessians=None):
     """Quantize and compress; every rank makes the same bytes (none waits in a collective)."""
     hp, log = run.hp, run.log
     t0 = time.perf_counter()
@@ -1065,7 +1066,7 @@ def export(run: Run, hessians=None) -> bytes:
         log(f"WARNING: submission is {total} bytes, over the 16,000,000-byte cap: it cannot be a record")
     return blob
 
-def final_passes(run: Run) -> None:
+def final_passes(run):
     """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
     hp, layout, log = run.hp, run.layout, run.log
     passes = ["roundtrip"]
@@ -1096,10 +1097,10 @@ def final_passes(run: Run) -> None:
     log(total)
 
 # ---- TRAINING ----
-def training_progress(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:  # budget spent, 0..1
+def training_progress(step, elapsed_ms, hp):  # budget spent, 0..1
     return max(step / max(hp.iterations, 1), elapsed_ms / hp.budget_ms)
 
-def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
+def lr_schedule(step, elapsed_ms, hp):
     """LR multiplier: 1, then linear to 0 over the last WARMDOWN_FRAC of the budget, or the last
     WARMDOWN_ITERS steps (under a wallclock cap: their mean time, if sooner); floored at MIN_LR."""
     if hp.warmdown_frac > 0:
@@ -1113,38 +1114,38 @@ def lr_schedule(step: int, elapsed_ms: float, hp: Hyperparameters) -> float:
         left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
     return max(left, hp.min_lr)
 
-def muon_momentum(step: int, hp: Hyperparameters) -> float:
+def muon_momentum(step, hp):
     frac = 1.0
     if hp.muon_momentum_warmup_steps > 0:
         frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
 
-def looping_at(progress: float, hp: Hyperparameters) -> bool:  # progress: the spent fraction of the budget
+def looping_at(progress, hp):  # progress: the spent fraction of the budget
     return hp.num_loops > 0 and hp.enable_looping_at < 1.0 and progress >= hp.enable_looping_at
 
 class EMA:
     """The weights' moving average (EMA_DECAY; 0: off, a no-op): it validates and exports (swap())."""
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model, decay):
         self.decay = decay
         self.params = [p.detach().clone() for p in model.parameters()] if decay > 0 else None
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model):
         if self.params is not None:
             torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
     @torch.no_grad()
-    def swap(self, model: nn.Module) -> None:
+    def swap(self, model):
         if self.params is None:
             return
         live = [p.detach().clone() for p in model.parameters()]
         torch._foreach_copy_([p.detach() for p in model.parameters()], self.params)
         self.params = live
     @contextmanager
-    def swapped(self, model: nn.Module):  # the average in, for a with-block; the live weights back after
+    def swapped(self, model):  # the average in, for a with-block; the live weights back after
         self.swap(model)
         yield
         self.swap(model)
 
-def train_step(model: nn.Module, batches: list, optimizers: list, lr_scale: float, grad_clip: float, layout):
+def train_step(model, batches, optimizers, lr_scale, grad_clip, layout):
     """One optimizer step over micro-batches [(x, y), ...], all-reduced once; returns the mean loss."""
     total = torch.zeros((), device=layout.device)
     for i, (x, y) in enumerate(batches):
@@ -1164,14 +1165,14 @@ def train_step(model: nn.Module, batches: list, optimizers: list, lr_scale: floa
         opt.zero_grad(set_to_none=True)
     return total / len(batches)
 
-def next_batches(loader: DistributedTokenLoader, hp: Hyperparameters, layout: Layout) -> list:
+def next_batches(loader, hp, layout):
     accum = layout.grad_accum_steps
     return [loader.next_batch(hp.train_batch_tokens, hp.train_seq_len, accum) for _ in range(accum)]
 
-def compiled_graphs() -> int:
+def compiled_graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
-def warmup(run: Run, optimizers: list) -> None:
+def warmup(run, optimizers):
     """Compile every graph before the clocks: each phase's step (undone after), the final passes' too."""
     hp, layout, model = run.hp, run.layout, run.model
     phases = list(dict.fromkeys(looping_at(f, hp) for f in (0.0, hp.enable_looping_at)))
@@ -1191,7 +1192,7 @@ def warmup(run: Run, optimizers: list) -> None:
             for sliding in {False, hp.eval_stride > 0}:
                 score(run.scorer, noise, layout, *hp.windows(sliding))
             if hp.ttt_enabled:
-                rows = ttt_rows(tokens[:hp.ttt_chunk_tokens + 1].int(), hp.eval_window, layout)
+                rows = rank_rows(tokens[:hp.ttt_chunk_tokens + 1].int(), hp.eval_window, layout)
                 train_step(run.trainer, [rows], [], 0.0, 0.0, layout)
         model.zero_grad(set_to_none=True)
         run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
@@ -1205,13 +1206,13 @@ class LoopState:
     step: int = 0
     training_time_ms: float = 0.0
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
-    def ended(self, hp: Hyperparameters) -> bool:  # the step cap, or the time budget spent
+    def ended(self, hp):  # the step cap, or the time budget spent
         return self.step >= hp.iterations or self.elapsed_ms >= hp.budget_ms
-    def start_clock(self, device: torch.device) -> None:
+    def start_clock(self, device):
         synchronize(device)
         self.device = device
         self.t0 = time.perf_counter()
-    def clock_ms(self) -> float:  # not synchronized: the step's work may still be queued
+    def clock_ms(self):  # not synchronized: the step's work may still be queued
         return self.training_time_ms + 1000.0 * (time.perf_counter() - self.t0)
     @contextmanager
     def paused(self):
@@ -1220,7 +1221,7 @@ class LoopState:
         yield
         self.start_clock(self.device)
 
-def agree(state: LoopState, loss: Tensor, signum: int, layout: Layout) -> int:
+def agree(state, loss, signum, layout):
     """Max over ranks of the clock, the signal and a bad loss: the ranks take one LR, phase and stop."""
     clock = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=layout.device)
     agreed = torch.cat((clock, (~torch.isfinite(loss)).to(clock)[None]))  # no host sync before it
@@ -1231,7 +1232,7 @@ def agree(state: LoopState, loss: Tensor, signum: int, layout: Layout) -> int:
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
     return int(signum)
 
-def log_step(run: Run, state: LoopState, loss: Tensor) -> None:
+def log_step(run, state, loss):
     hp = run.hp
     if hp.train_log_every <= 0 or (state.step > 10 and state.step % hp.train_log_every):
         return
@@ -1240,7 +1241,7 @@ def log_step(run: Run, state: LoopState, loss: Tensor) -> None:
     run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
             f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
 
-def log_validation(run: Run, state: LoopState) -> None:
+def log_validation(run, state):
     hp = run.hp
     sums = score(run.scorer, run.val, run.layout, *hp.windows(False))
     val_loss, val_bpb = metrics(sums)
@@ -1248,7 +1249,7 @@ def log_validation(run: Run, state: LoopState) -> None:
     run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
 
-def train(run: Run, optimizers: list, ema: EMA) -> DistributedTokenLoader:
+def train(run, optimizers, ema) -> DistributedTokenLoader:
     """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns GPTQ's loader."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
@@ -1293,7 +1294,7 @@ class RunLog:
     """Console lines from rank 0, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's own source."""
     path: Path | None = None  # None: lines go nowhere (tests, tools)
     is_main: bool = True  # the other ranks write only their errors
-    def write_header(self, run: Run, command: str) -> None:
+    def write_header(self, run, command):
         source = run.source
         with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
             f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{sha256(source)} ====\n".encode())
@@ -1306,14 +1307,14 @@ class RunLog:
         layout = run.layout
         self(f"world_size:{layout.world_size} grad_accum_steps:{layout.grad_accum_steps} "
              f"device:{layout.device.type} compile:{layout.use_compile} bf16:{layout.use_bf16}")
-    def __call__(self, message: str, console: bool = True) -> None:
+    def __call__(self, message, console=True):
         if self.path is None or not self.is_main:
             return
         if console:
             print(message, flush=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(message + "\n")
-    def failure(self, error: BaseException, rank: int) -> None:
+    def failure(self, error, rank):
         """Whatever ends a run goes into the log with its traceback, from any rank: no log just stops."""
         if self.path is None or isinstance(error, SystemExit):  # SystemExit: a stop that said why
             return
@@ -1321,7 +1322,7 @@ class RunLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"error: rank {rank}: {text.rstrip()}\n")
 
-def describe_hardware(layout: Layout) -> list[str]:
+def describe_hardware(layout) -> list[str]:
     if layout.device.type == "cuda":
         smi = shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
         name = torch.cuda.get_device_name(layout.device)
@@ -1332,7 +1333,7 @@ def describe_hardware(layout: Layout) -> list[str]:
     return [f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
 
-def launch_command(environ=os.environ) -> str:
+def launch_command(environ=os.environ):
     """The command that reproduces this run: the settings it set, then the launcher."""
     settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ) if name in ENV_NAMES]
     launcher = "python"
@@ -1344,23 +1345,11 @@ def launch_command(environ=os.environ) -> str:
         launcher = f"torchrun {where} --nproc_per_node={per_node}"
     return " ".join(settings + [f"{launcher} {Path(__file__).name}"])
 
-def settings_help() -> str:
-    """Every setting, its default and meaning: Hyperparameters' own lines, the one copy there is."""
-    try:
-        source = Path(__file__).read_text()
-        body = source.split("class Hyperparameters:", 1)[1].split("    @classmethod", 1)[0]
-    except (OSError, IndexError):  # a packed copy has no comments: the readable train_gpt.py has them
-        return "this train_gpt.py is packed: run --help with the readable one"
-    rows = re.finditer(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", body, flags=re.M)
-    return "\n".join(f"{name.upper():<27} {default:<13} {meaning}" for name, default, meaning in
-                     (m.groups("") for m in rows))
-
 @dataclass
 class Run:
     """What setup() read and checked, and what the stages of main() share."""
     hp: Hyperparameters
     layout: Layout
-    tokenizer: Tokenizer
     val: Validation
     source: bytes  # this file: logged, and counted as the code
     keeper: object = None  # checkpoints.Keeper with SAVE_EVERY or RESUME
@@ -1376,7 +1365,7 @@ def setup(environ=os.environ) -> Run:
     local_rank = int(environ.get("LOCAL_RANK", 0))
     hp = Hyperparameters.from_env(environ, world_size)
     device = pick_device(local_rank, hp.device)
-    def on(mode: str) -> bool:  # COMPILE and BF16: auto is on for CUDA only
+    def on(mode):  # COMPILE and BF16: auto is on for CUDA only
         return device.type == "cuda" if mode == "auto" else mode == "1"
     layout = Layout(rank, world_size, local_rank, device, hp.micro_steps(world_size),
                     use_compile=on(hp.compile), use_bf16=on(hp.bf16))
@@ -1396,7 +1385,7 @@ def setup(environ=os.environ) -> Run:
     require(packer, "PACK_CODE=1: records/packing.py is not beside this train_gpt.py; run the repository's")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
-    tokens, counted = load_validation(hp, tokenizer, (rank, world_size))  # each rank: its documents
+    val = load_validation(hp, tokenizer, (rank, world_size), device)  # each rank checks its documents
     source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     keeper = None
     if hp.save_every or hp.resume:  # what a record never does lives beside this file
@@ -1404,10 +1393,9 @@ def setup(environ=os.environ) -> Run:
     log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
         raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
-    val = Validation(tokens.to(device), counted.to(device), hp.val_batch_size)
-    return Run(hp, layout, tokenizer, val, source, keeper)
+    return Run(hp, layout, val, source, keeper)
 
-def start(run: Run) -> None:
+def start(run):
     """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
     hp, layout = run.hp, run.layout
     device = layout.device
@@ -1437,7 +1425,7 @@ def start(run: Run) -> None:
         run.log(run.keeper.describe())
     print(f"logfile: {run.log.path}")
 
-def build_model(run: Run) -> list[torch.optim.Optimizer]:
+def build_model(run) -> list[torch.optim.Optimizer]:
     """The model (seeded), its compiled and DDP-wrapped handles, and its optimizers."""
     hp, layout = run.hp, run.layout
     torch.manual_seed(hp.seed)
@@ -1457,7 +1445,7 @@ def build_model(run: Run) -> list[torch.optim.Optimizer]:
         run.trainer = DDP(run.scorer, device_ids=device_ids, broadcast_buffers=False)
     return optimizers
 
-def main() -> None:
+def main():
     run = setup()
     start(run)
     hp, layout = run.hp, run.layout
@@ -1482,7 +1470,7 @@ def main() -> None:
         run.log.failure(error, layout.rank)
         raise
 
-def shutdown(run: Run) -> None:
+def shutdown(run):
     if run.layout.distributed:
         dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
         run.trainer = None  # DDP holds the group: freed now, gloo's threads cannot abort the exit
@@ -1491,7 +1479,10 @@ def shutdown(run: Run) -> None:
 
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):  # every setting is an environment variable; no arguments
-        print(settings_help())
+        try:
+            print(importlib.import_module("tools.settings_table").settings_help())
+        except ImportError:  # a record folder's copy
+            sys.exit("train_gpt.py --help: tools/settings_table.py lists the settings; run the repository's")
         sys.exit(0)
     try:
         main()

@@ -91,12 +91,11 @@ def cpu_run(hp: tg.Hyperparameters, state: dict, use_compile: bool = False) -> t
     layout = tg.Layout(use_compile=use_compile)
     try:
         tokenizer = tg.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-        tokens, counted = tg.load_validation(hp, tokenizer)
+        val = tg.load_validation(hp, tokenizer)
     except tg.ConfigError as error:  # the log's paths are as the run saw them
         raise SystemExit(f"{error}\n(DATA_PATH and TOKENIZER_PATH come from the run's log: run this from "
                          "the folder the run ran in)") from None
-    val = tg.Validation(tokens, counted, hp.val_batch_size)
-    run = tg.Run(hp, layout, tokenizer, val, source=b"", log=print)
+    run = tg.Run(hp, layout, val, source=b"", log=print)
     load_model(run, state)
     return run
 

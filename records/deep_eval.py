@@ -104,11 +104,10 @@ def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: 
     """The same passes with a script of 2026-11-25 or later: its setup's checks, its score() and TTT."""
     layout = mod.Layout(device=device, grad_accum_steps=accum, use_bf16=use_bf16)
     tokenizer = mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    tokens, counted = mod.load_validation(hp, tokenizer)
-    val = mod.Validation(tokens.to(device), counted.to(device), hp.val_batch_size)
+    val = mod.load_validation(hp, tokenizer, device=device)
     model = mod.GPT(hp).to(device)
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
-    run = mod.Run(hp, layout, tokenizer, val, b"", model=model, scorer=model, trainer=model)
+    run = mod.Run(hp, layout, val, b"", model=model, scorer=model, trainer=model)
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(run).sum(0))
     return mod.metrics(mod.score(model, val, layout, *hp.windows(mode == "sliding")))

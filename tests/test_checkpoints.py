@@ -155,7 +155,7 @@ class Training:
                       num_kv_heads=2, train_seq_len=16, run_id="unit",
                       checkpoint_dir=str(tmp_path / "ckpt"), data_path=str(tiny_data.data_path))
         self.hp = tg.Hyperparameters(**{**values, **overrides})
-        self.run = tg.Run(self.hp, tg.Layout(), None, None, b"source", model=tg.GPT(self.hp))
+        self.run = tg.Run(self.hp, tg.Layout(), None, b"source", model=tg.GPT(self.hp))
         self.optimizers = tg.build_optimizers(self.run.model, self.hp, self.run.layout)
         self.ema = tg.EMA(self.run.model, 0.0)
         self.loader = tg.DistributedTokenLoader(tg.train_pattern(self.hp))

@@ -492,8 +492,8 @@ def test_caseops_dataset_passes_train_gpt_startup_check(caseops_build):
     data_dir, m = caseops_build
     tok = train_gpt.load_tokenizer(data_dir / m["tokenizer"]["path"], m["tokenizer"]["vocab_size"])
     hp = train_gpt.Hyperparameters(data_path=str(data_dir / "datasets" / m["name"]), train_seq_len=64)
-    tokens, counted = train_gpt.load_validation(hp, tok)
-    assert int(counted[1:].sum()) > 0
+    val = train_gpt.load_validation(hp, tok)
+    assert int(val.bytes[1:].sum()) > 0
 
 
 # ---- the challenge's data from the hub: the field's repos, against a local stand-in ----

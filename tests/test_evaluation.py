@@ -73,9 +73,9 @@ def val(tiny_data) -> tg.Validation:
     """The tiny validation split, cut to 40 windows of 16."""
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, data_path=str(tiny_data.data_path))
     tok = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
-    tokens, counted = tg.load_validation(hp, tok)
+    full = tg.load_validation(hp, tok)
     end = 16 * 40 + 1
-    return tg.Validation(tokens[:end], counted[:end], hp.val_batch_size)
+    return tg.Validation(full.tokens[:end], full.bytes[:end], hp.val_batch_size)
 
 
 def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val):

@@ -1,10 +1,12 @@
-"""README.md's "Settings" table, made from train_gpt.py's --help: one row per setting, in Hyperparameters order.
+"""Every setting of train_gpt.py, from Hyperparameters' own lines (the one copy there is): what
+`python train_gpt.py --help` prints, and README.md's "Settings" table, one row per setting in that order.
 
     python tools/settings_table.py                    # print the table
     python tools/settings_table.py --write README.md  # replace the table in README.md with it
 """
 
 import argparse
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -14,15 +16,26 @@ sys.path.insert(0, str(ROOT))
 import train_gpt  # noqa: E402
 
 HEADER = "| variable | default | meaning |"
-# A --help line: NAME, its default (a quoted string may hold spaces), its meaning.
-HELP_LINE = re.compile(r'(\w+) +(".*?"|\S+) *(.*)')
+# A field of Hyperparameters: its name, its default, its comment (methods are indented deeper).
+FIELD = re.compile(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", re.M)
+
+
+def settings() -> list[tuple[str, str, str]]:
+    """(NAME, default as written, meaning) per setting, in Hyperparameters order."""
+    source = inspect.getsource(train_gpt.Hyperparameters)
+    return [(name.upper(), default, meaning) for name, default, meaning in
+            (m.groups("") for m in FIELD.finditer(source))]
+
+
+def settings_help() -> str:
+    """train_gpt.py --help: one aligned line per setting."""
+    return "\n".join(f"{name:<27} {default:<13} {meaning}" for name, default, meaning in settings())
 
 
 def settings_table() -> str:
     """The markdown table, ending in a newline."""
     rows = [HEADER, "|---|---|---|"]
-    for line in train_gpt.settings_help().splitlines():
-        name, default, meaning = HELP_LINE.fullmatch(line).groups()
+    for name, default, meaning in settings():
         meaning = meaning.replace("|", "\\|")  # a bare | would split the cell
         rows.append(f"| `{name}` | {default} | {meaning} |")
     return "\n".join(rows) + "\n"
