@@ -7,7 +7,6 @@ step_NNNNNN.tmp/ and renamed once complete, so a killed write leaves the earlier
 A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once."""
 
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -25,10 +24,6 @@ MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "n
                         "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
                         "smear_gate_enabled", "bigram_vocab_size", "bigram_dim", "loop_start", "loop_end",
                         "num_loops", "parallel_start_layer", "skip_gates_enabled", "sparse_attn_gate_enabled")
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def checkpoint_folders(root: Path) -> list[Path]:
@@ -63,7 +58,7 @@ class Keeper:
     def __init__(self, hp, source: bytes, trainer):
         self.hp = hp
         self.tg = trainer
-        self.source_sha256 = sha256(source)
+        self.source_sha256 = trainer.sha256(source)
         self.stop = None
         self.meta = self.resolve_resume() if hp.resume else None
 
@@ -73,7 +68,7 @@ class Keeper:
 
     def describe(self) -> str:
         code = Path(__file__).read_bytes()
-        return f"checkpoints: {Path(__file__).name} bytes:{len(code)} sha256:{sha256(code)}"
+        return f"checkpoints: {Path(__file__).name} bytes:{len(code)} sha256:{self.tg.sha256(code)}"
 
     def continues_log(self) -> bool:
         """Whether this run continues its own log: a resume of this RUN_ID by the same script."""
@@ -128,7 +123,7 @@ class Keeper:
         if missing:
             raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
         index, pos = meta["loader"]
-        shards = sorted(glob.glob(os.path.join(self.hp.data_path, "fineweb_train_*.bin")))
+        shards = sorted(glob.glob(self.tg.train_pattern(self.hp)))
         in_data = 0 <= index < len(shards) and 0 <= pos <= len(self.tg.shard_tokens(shards[index]))
         if not in_data:
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
@@ -154,10 +149,11 @@ class Keeper:
         run.log(f"resume: from {folder} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
         return state
 
-    def due(self, state, signum: int, hp) -> bool:  # a signal, every SAVE_EVERY steps, and at the end
+    def due(self, state, signum: int) -> bool:  # a signal, every SAVE_EVERY steps, and at the end
         if signum:
             return True
-        return hp.save_every > 0 and (state.step % hp.save_every == 0 or state.ended(hp))
+        every = self.hp.save_every
+        return every > 0 and (state.step % every == 0 or state.ended(self.hp))
 
     def save(self, run, optimizers: list, ema, loader, state, signum: int) -> None:
         """Rank 0 writes the checkpoint; then local rank 0 of each node that cannot see it (no shared file

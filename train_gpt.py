@@ -176,7 +176,7 @@ class Hyperparameters:
     @property
     def export_tag(self):  # names the artifact and the final lines: final_int6_lzma_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
-    def windows(self, sliding) -> tuple[int, int]:
+    def windows(self, sliding):
         """(length, stride) of scoring windows: the training length, or the sliding window."""
         if not sliding:
             return self.train_seq_len, self.train_seq_len
@@ -307,6 +307,9 @@ class Layout:
     @property
     def distributed(self):
         return self.world_size > 1
+    @property
+    def cuda(self):
+        return self.device.type == "cuda"
 
 def pick_device(local_rank, choice="auto"):
     """The one place that chooses hardware: DEVICE, or (auto) CUDA if there is one, else the CPU."""
@@ -316,6 +319,9 @@ def pick_device(local_rank, choice="auto"):
 def synchronize(device):
     if device.type == "cuda":  # CPU work is already done when the call returns
         torch.cuda.synchronize()
+
+def ms_since(t0):  # t0: a time.perf_counter()
+    return 1000.0 * (time.perf_counter() - t0)
 
 def autocast(layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
@@ -381,7 +387,7 @@ class Muon(torch.optim.Optimizer):
         g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
-def build_optimizers(model, hp, layout) -> list[torch.optim.Optimizer]:
+def build_optimizers(model, hp, layout):
     """[AdamW for embeddings, vectors and controls; Muon for the other 2-D matrices]."""
     embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
     matrices = []
@@ -394,7 +400,7 @@ def build_optimizers(model, hp, layout) -> list[torch.optim.Optimizer]:
     adam_groups = [dict(params=embeddings, lr=hp.tied_embed_lr, weight_decay=hp.embed_wd),
                    dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
     adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
-                             fused=layout.device.type == "cuda")
+                             fused=layout.cuda)
     muon = Muon(matrices, lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
                 update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32, weight_decay=hp.muon_wd,
                 row_normalize=hp.muon_row_normalize, layout=layout,
@@ -412,7 +418,7 @@ BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
 DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024 "
              "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py gets the challenge's")
 
-def shard_tokens(path, vocab_size: int | None = None):
+def shard_tokens(path, vocab_size=None):
     """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
     path = Path(path)
     fix = "rebuild or re-download this shard (see data/README.md)"
@@ -433,7 +439,7 @@ def shard_tokens(path, vocab_size: int | None = None):
                           "shard was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to its own")
     return tokens
 
-def load_shards(pattern, what, vocab_size: int | None = None, share=(0, 1)) -> list[np.ndarray]:
+def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
     """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
     files = sorted(glob.glob(pattern))
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
@@ -610,7 +616,7 @@ def input_gate(x, weight, scale=1.0):
     """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
     return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
 
-def rotary_cos_sin(seq_len, rope_dims, base) -> tuple[Tensor, Tensor]:
+def rotary_cos_sin(seq_len, rope_dims, base):
     inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, rope_dims/2)
     return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, rope_dims/2)
@@ -619,8 +625,7 @@ def apply_rotary(x, cos, sin):
     """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
     rotated = 2 * cos.size(-1)
     x1, x2 = x[..., :rotated].chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out if rotated == x.size(-1) else torch.cat((out, x[..., rotated:]), dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, hp, layer):
@@ -795,7 +800,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
 # ---- EVALUATION ----
-def metrics(sums) -> tuple[float, float]:
+def metrics(sums):
     """val_loss (nats per token) and val_bpb of score()'s sums of loss, tokens and bytes."""
     loss_sum, tokens, num_bytes = sums.tolist()
     val_loss = loss_sum / tokens
@@ -848,7 +853,7 @@ def test_time_train(run):
             train_step(run.trainer, [rows], [sgd], cosine, hp.ttt_grad_clip, run.layout)
     return torch.stack(sums)
 
-def rank_rows(tokens, seq_len, layout) -> tuple[Tensor, Tensor]:
+def rank_rows(tokens, seq_len, layout):
     """This rank's contiguous block of the rows (x, y) of tokens split evenly over the ranks (+1 target)."""
     tokens = tokens.to(layout.device, torch.int64)
     x = tokens[:-1].view(layout.world_size, -1, seq_len)[layout.rank]  # (B, T)
@@ -878,7 +883,7 @@ def is_quantized(name, tensor):
     big = tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
     return tensor.is_floating_point() and (big or name.endswith("attn_gate"))
 
-def quant_spec(name, hp) -> tuple[int, float]:
+def quant_spec(name, hp):
     """(bits, clip in row stds; 0: the searched clip) of a matrix stored as integers, by its kind."""
     if name == "tok_emb.weight":
         return hp.embed_bits, hp.embed_clip_sigmas
@@ -891,7 +896,7 @@ def quant_spec(name, hp) -> tuple[int, float]:
         kind = hp.mlp_clip_sigmas
     return hp.matrix_bits, kind or hp.matrix_clip_sigmas
 
-def int_rows(x, steps, low, high) -> tuple[Tensor, Tensor]:
+def int_rows(x, steps, low, high):
     """Per-row integers in [low, high] and fp16 steps, each row's best of the candidates (K, R, 1)."""
     # floored at fp16's smallest normal (no division by 0); beyond its range: inf, which the export refuses
     steps = steps.clamp(min=2.0 ** -14).half().float()
@@ -900,8 +905,8 @@ def int_rows(x, steps, low, high) -> tuple[Tensor, Tensor]:
     rows = torch.arange(x.size(0), device=x.device)
     return q[best, rows], steps[best, rows, 0]
 
-def quantize_rows(w, bits, sigmas=0.0) -> tuple[Tensor, Tensor]:
-    """Symmetric integers in [-qmax, qmax] at the searched clip, or at SIGMAS row stds."""
+def quantize_rows(w, bits, sigmas=0.0):
+    """Symmetric integers in [-qmax, qmax] and their fp16 steps, at the searched clip or at SIGMAS row stds."""
     qmax = 2 ** (bits - 1) - 1
     if sigmas:
         clips = [sigmas * w.std(dim=1, keepdim=True)]
@@ -937,8 +942,9 @@ def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
         W[:, b:] -= err @ U[a:b, b:]
     return Q[:, torch.argsort(order)].float(), scale
 
-def lqer_factors(error, rank) -> dict[str, tuple[int, Tensor]]:
-    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64."""
+def lqer_factors(error, rank):
+    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64, as
+    {"a": (2, A), "b": (4, B)}, each a matrix of rows to quantize."""
     U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
     A = (U[:, :rank] * S[:rank]).float()
     B = Vh[:rank].float().flatten()
@@ -981,7 +987,8 @@ def quantize_state_dict(state_dict, hp, hessians=None):
                 scales[f"{name}.lqer_{part}"] = scale.half()
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
-def dequantize_state_dict(obj) -> dict[str, Tensor]:
+def dequantize_state_dict(obj):
+    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in their dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
     for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction
         W = weights[name.removesuffix(".lqer_a")]
@@ -994,7 +1001,7 @@ def dequantize_state_dict(obj) -> dict[str, Tensor]:
         state[name] = value.to(getattr(torch, dtype))
     return state
 
-def save_artifact(state_dict, path: Path | None, hp, hessians=None):
+def save_artifact(state_dict, path, hp, hessians=None):
     """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
     buffer = io.BytesIO()
     torch.save(quantize_state_dict(state_dict, hp, hessians), buffer)
@@ -1006,8 +1013,9 @@ def save_artifact(state_dict, path: Path | None, hp, hessians=None):
         os.replace(tmp, path)
     return blob
 
-def load_artifact(source: Path | str | bytes) -> dict[str, Tensor]:
-    """An artifact (file or bytes), its compressor told by its first bytes; weights_only: no pickled code."""
+def load_artifact(source):
+    """The weights of an artifact (a path or its bytes), its compressor told by its first bytes; weights_only:
+    no pickled code."""
     blob = source if isinstance(source, bytes) else Path(source).read_bytes()
     decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
     what = "artifact" if isinstance(source, bytes) else source
@@ -1015,7 +1023,7 @@ def load_artifact(source: Path | str | bytes) -> dict[str, Tensor]:
     raw = io.BytesIO(decompress(blob))
     return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
 
-def calibrate(run, loader) -> dict[str, Tensor]:
+def calibrate(run, loader):
     """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
@@ -1040,7 +1048,7 @@ def calibrate(run, loader) -> dict[str, Tensor]:
     for H in hessians.values() if layout.distributed else []:
         dist.all_reduce(H)
     synchronize(layout.device)  # the clock reads the work done, not the work queued
-    ms = 1000 * (time.perf_counter() - t0)
+    ms = ms_since(t0)
     run.log(f"gptq: matrices:{len(hessians)} calib:train sequences:{seqs * layout.world_size} "
             f"calibration_time:{ms:.0f}ms reserved:{1000 * hp.gptq_reserve_seconds:.0f}ms")
     return hessians
@@ -1055,7 +1063,7 @@ def export(run, hessians=None):
     if hp.pack_code:
         code = importlib.import_module("records.packing").pack_source(code)
     total = len(code) + len(blob)
-    ms = 1000 * (time.perf_counter() - t0)
+    ms = ms_since(t0)
     name = hp.export_tag.replace("_", "+")
     log(f"Serialized model {name}: {len(blob)} bytes")
     packed = f" (packed from {len(run.source)}: PACK_CODE=1)" if code != run.source else ""
@@ -1086,7 +1094,7 @@ def final_passes(run):
             sums = score(run.scorer, run.val, layout, *hp.windows(name == "sliding_window"))
         val_loss, val_bpb = metrics(sums)
         synchronize(layout.device)
-        times_ms[name] = 1000.0 * (time.perf_counter() - t0)
+        times_ms[name] = ms_since(t0)
         require(math.isfinite(val_loss), f"{line}: val_loss is {val_loss}, no submission: lower the LRs")
         log(f"{line} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{times_ms[name]:.0f}ms")
         log(f"{line}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
@@ -1128,11 +1136,9 @@ class EMA:
     def __init__(self, model, decay):
         self.decay = decay
         self.params = [p.detach().clone() for p in model.parameters()] if decay > 0 else None
-    @torch.no_grad()
-    def update(self, model):
+    def update(self, model):  # on detached tensors: no graph
         if self.params is not None:
             torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
-    @torch.no_grad()
     def swap(self, model):
         if self.params is None:
             return
@@ -1213,11 +1219,11 @@ class LoopState:
         self.device = device
         self.t0 = time.perf_counter()
     def clock_ms(self):  # not synchronized: the step's work may still be queued
-        return self.training_time_ms + 1000.0 * (time.perf_counter() - self.t0)
+        return self.training_time_ms + ms_since(self.t0)
     @contextmanager
     def paused(self):
         synchronize(self.device)
-        self.training_time_ms += 1000.0 * (time.perf_counter() - self.t0)
+        self.training_time_ms += ms_since(self.t0)
         yield
         self.start_clock(self.device)
 
@@ -1249,7 +1255,7 @@ def log_validation(run, state):
     run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
 
-def train(run, optimizers, ema) -> DistributedTokenLoader:
+def train(run, optimizers, ema):
     """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns GPTQ's loader."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
@@ -1278,7 +1284,7 @@ def train(run, optimizers, ema) -> DistributedTokenLoader:
         if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
             model.set_looping(looping)
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
-        if keeper and keeper.due(state, signum, hp):
+        if keeper and keeper.due(state, signum):
             with state.paused():
                 keeper.save(run, optimizers, ema, loader, state, signum)
     if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
@@ -1323,7 +1329,7 @@ class RunLog:
             f.write(f"error: rank {rank}: {text.rstrip()}\n")
 
 def describe_hardware(layout) -> list[str]:
-    if layout.device.type == "cuda":
+    if layout.cuda:
         smi = shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
         name = torch.cuda.get_device_name(layout.device)
         return [f"hardware: cuda: {layout.world_size}x {name}"] + (smi or "").splitlines()
@@ -1370,7 +1376,7 @@ def setup(environ=os.environ) -> Run:
     layout = Layout(rank, world_size, local_rank, device, hp.micro_steps(world_size),
                     use_compile=on(hp.compile), use_bf16=on(hp.bf16))
     head_dim = hp.model_dim // hp.num_heads
-    if device.type == "cuda" and layout.use_bf16:
+    if layout.cuda and layout.use_bf16:
         require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
     name_ok = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
     require(name_ok or not hp.run_id, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no "
@@ -1398,9 +1404,8 @@ def setup(environ=os.environ) -> Run:
 def start(run):
     """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
     hp, layout = run.hp, run.layout
-    device = layout.device
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if layout.cuda:
+        torch.cuda.set_device(layout.device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         # flash is 16-bit only: math attention for fp32
@@ -1409,8 +1414,8 @@ def start(run):
             getattr(torch.backends.cuda, f"enable_{kernel}_sdp")(on)
     run_id = [hp.run_id or str(uuid.uuid4())]
     if layout.distributed:  # every rank must name the same log and artifact
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        backend = "nccl" if layout.cuda else "gloo"
+        dist.init_process_group(backend=backend, device_id=layout.device if layout.cuda else None)
         dist.broadcast_object_list(run_id, src=0)
     hp.run_id = run_id[0]
     Path(hp.artifact_dir).mkdir(parents=True, exist_ok=True)
@@ -1425,7 +1430,7 @@ def start(run):
         run.log(run.keeper.describe())
     print(f"logfile: {run.log.path}")
 
-def build_model(run) -> list[torch.optim.Optimizer]:
+def build_model(run):
     """The model (seeded), its compiled and DDP-wrapped handles, and its optimizers."""
     hp, layout = run.hp, run.layout
     torch.manual_seed(hp.seed)
@@ -1441,7 +1446,7 @@ def build_model(run) -> list[torch.optim.Optimizer]:
         optimizers[1].orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     run.trainer = run.scorer
     if layout.distributed:  # without buffer broadcast: every rank holds the same RoPE tables and flags
-        device_ids = [layout.local_rank] if layout.device.type == "cuda" else None
+        device_ids = [layout.local_rank] if layout.cuda else None
         run.trainer = DDP(run.scorer, device_ids=device_ids, broadcast_buffers=False)
     return optimizers
 
@@ -1457,7 +1462,7 @@ def main():
         warmup(run, optimizers)
         ema = EMA(run.model, hp.ema_decay)
         loader = train(run, optimizers, ema)
-        if layout.device.type == "cuda":
+        if layout.cuda:
             run.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
                     f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
         ema.swap(run.model)  # calibration and export see the weights the last validation scored
