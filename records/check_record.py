@@ -48,11 +48,11 @@ import sys
 from datetime import date, datetime
 from pathlib import Path
 
-from runlog import (PACKED_HEAD, LogError, distinct_runs, find_artifact, is_our_log,
+from packing import PACKED_HEAD, without_docstrings
+from runlog import (LogError, distinct_runs, find_artifact, is_our_log,
                     load_tracks, log_paths, matching_run, named_seed, pack_logged_source,
-                    parse_log,
-                    per_seed_results, read_logs, sha256_hex, submission_path,
-                    track_by_challenge_name, unpack_code)
+                    parse_log, per_seed_results, read_logs, score_kind, seed_label, sha256_hex,
+                    submission_path, track_by_challenge_name, unpack_code)
 
 REQUIRED_FILES = ("README.md", "submission.json", "train_gpt.py")
 NUMBER = (int, float)
@@ -252,8 +252,8 @@ def limit_problems(run, track_name: str, track: dict) -> list[str]:
         problems.append(f"{name}: GPTQ calibration read training data for {spent:.0f}ms "
                         f"after training, over the {reserved:.0f}ms reserved from the "
                         f"budget; raise GPTQ_RESERVE_SECONDS")
-    eval_ms, what = eval_time_for_rule(run, track)
     if not compliance["eval_under_limit"]:
+        eval_ms, what = eval_time_for_rule(run, track)  # the numbers run_compliance judged
         problems.append(f"{name}: {what} {eval_ms:.0f}ms exceeds the {track_name} evaluation "
                         f"limit of {track['eval_time_limit_s']} s")
     return problems
@@ -353,13 +353,7 @@ def check_eval_total(run) -> list[str]:
 
 def program_dump(source: bytes) -> str:
     """The program a source runs, as an AST dump without module, class and function docstrings."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
-            continue
-        if ast.get_docstring(node) is not None:
-            node.body = node.body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    return ast.dump(without_docstrings(source))
 
 
 def check_packed(script: bytes, run, notes: list) -> list[str]:
@@ -447,10 +441,9 @@ def check_identity(sub: dict, folder_key: str) -> list[str]:
 
 
 def differs(claimed, actual, tolerance=0.0) -> bool:
-    numbers = (int, float)
     if actual is None or isinstance(claimed, bool):
         return claimed != actual
-    if not isinstance(claimed, numbers) or not isinstance(actual, numbers):
+    if not isinstance(claimed, NUMBER) or not isinstance(actual, NUMBER):
         return claimed != actual
     return abs(claimed - actual) > tolerance
 
@@ -688,11 +681,10 @@ def deep_check(folder, runs, data_path, tokenizer_path, tolerance, notes) -> lis
         cpu_threads = int(threads.group(1)) if threads else None
         # the round-trip line always; the sliding-window or TTT line too when it scores
         checks = [("roundtrip", run.roundtrip_val_bpb, "round-trip")]
-        score = run.score_name or ""
-        if "sliding_window" in score:
-            checks.append(("sliding", run.val_bpb, "sliding-window"))
-        if "_ttt_" in score:
-            checks.append(("ttt", run.val_bpb, "test-time-training"))
+        kind = score_kind(run.score_name or "")
+        scored_by = {"sliding": "sliding-window", "ttt": "test-time-training"}
+        if kind in scored_by:
+            checks.append((kind, run.val_bpb, scored_by[kind]))
         for mode, claimed, what in checks:
             try:
                 _, val_bpb = evaluate_artifact(code, model_file, run.hyperparameters,
@@ -919,7 +911,7 @@ def logged_seeds(runs: list) -> list[str]:
     """The distinct seeds of the runs (a run of unknown seed counts as its own)."""
     seeds = []
     for run in runs:
-        seed = run.path.name if run.seed is None else str(run.seed)
+        seed = seed_label(run)
         if seed not in seeds:
             seeds.append(seed)
     return seeds

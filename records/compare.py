@@ -39,7 +39,7 @@ from pathlib import Path
 from scipy import stats
 
 from runlog import (claimed_line, distinct_runs, matching_run, number_or_none, per_seed_results,
-                    read_logs, submission_path)
+                    read_logs, seed_label, submission_path)
 
 MARGIN_NATS = 0.005
 ALPHA = 0.01
@@ -104,8 +104,7 @@ def one_run_per_seed(runs: list, folder: Path) -> dict:
     """{seed: its log} when submission.json gives no per-seed results."""
     by_seed = {}
     for run in runs:
-        seed = run.path.name if run.seed is None else str(run.seed)
-        by_seed.setdefault(seed, []).append(run)
+        by_seed.setdefault(seed_label(run), []).append(run)
     for seed, logs in by_seed.items():
         if len(logs) > 1:
             names = ", ".join(r.path.name for r in logs)

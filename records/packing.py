@@ -14,13 +14,18 @@ def pack_source(source: bytes) -> bytes:
     """The packed form of a readable script (docstrings dropped, then ast.unparse); a packed one as it is."""
     if source.startswith(PACKED_HEAD):
         return source
+    packed = lzma.compress(ast.unparse(without_docstrings(source)).encode(), preset=9 | lzma.PRESET_EXTREME)
+    return PACKED_HEAD + base64.b85encode(packed) + PACKED_TAIL
+
+
+def without_docstrings(source: bytes) -> ast.Module:
+    """The source's AST without its module, class and function docstrings."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
         documented = isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
         if documented and ast.get_docstring(node) is not None:
             node.body = node.body[1:] or [ast.Pass()]
-    packed = lzma.compress(ast.unparse(tree).encode(), preset=9 | lzma.PRESET_EXTREME)
-    return PACKED_HEAD + base64.b85encode(packed) + PACKED_TAIL
+    return tree
 
 
 def unpack(packed: bytes) -> bytes:

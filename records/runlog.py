@@ -36,7 +36,6 @@ A run of ours that failed has `error: rank <r>: <message>` lines, each followed 
 traceback; such a run is not finished, whatever else it logged.
 """
 
-import base64
 import hashlib
 import importlib.util
 import json
@@ -49,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # PACK_CODE=1: the counted code is a two-line self-extractor (lzma + base85) of the minified source
-from packing import PACKED_HEAD, PACKED_TAIL, pack_source
+from packing import pack_source, unpack
 
 RECORDS_DIR = Path(__file__).resolve().parent
 TRACKS_PATH = RECORDS_DIR / "tracks.json"
@@ -68,7 +67,8 @@ LOG_SUFFIXES = (".log", ".txt")
 NOT_LOGS = {"requirements.txt"}
 
 # Settings renamed to the field's names. Logs written before the rename (records/track_cpu) use
-# the old names; the field's own logs name the dataset folder datasets_dir.
+# the old names; the field's own logs name the dataset folder datasets_dir. A deliberate copy of
+# train_gpt.py's INSTEAD renames, inverted by hand: importing train_gpt would import torch.
 FORMER_NAMES = {
     "ttt_enabled": ("ttt",),
     "artifact_dir": ("log_dir",),
@@ -165,7 +165,6 @@ class RunLog:
     command: str = ""
     hyperparameters: dict = field(default_factory=dict)
     layout: dict = field(default_factory=dict)  # world_size, grad_accum_steps, device, ...
-    model_params: int | None = None
     steps: list = field(default_factory=list)  # [{"step", "iterations", **fields}]
     stopping_early: dict | None = None
     export_family: str | None = None  # "int8+zlib", "int6+lzma", ...
@@ -219,8 +218,8 @@ class RunLog:
         seed = self.hyperparameters.get("seed")
         if seed is not None or self.ours:
             return seed
-        named = SEED_IN_NAME.search(self.path.name)
-        return int(named.group(1)) if named else None
+        named = named_seed(self)
+        return int(named) if named else None
 
     @property
     def pytorch_version(self) -> str | None:
@@ -478,10 +477,6 @@ def on_layout(run: RunLog, m: re.Match) -> None:
     run.layout = parse_fields(m["text"])
 
 
-def on_model_params(run: RunLog, m: re.Match) -> None:
-    run.model_params = int(m["n"])
-
-
 def on_gptq(run: RunLog, m: re.Match) -> None:
     run.calibration = parse_fields(m["fields"])
 
@@ -523,7 +518,6 @@ LINE_FORMATS = [
     (r"hardware:(?P<text>.*)", on_hardware),
     (r"command:(?P<text>.*)", on_command),
     (r"(?P<text>world_size:\d+ .*)", on_layout),
-    (r"model_params:(?P<n>\d+)", on_model_params),
     (r"gptq: (?P<fields>.*)", on_gptq),
 ]
 COMPILED_FORMATS = [(re.compile(text), handler) for text, handler in LINE_FORMATS]
@@ -678,6 +672,11 @@ def named_seed(run: RunLog) -> str | None:
     return named.group(1) if named else None
 
 
+def seed_label(run: RunLog) -> str:
+    """The run's seed as text; a run of unknown seed is its own (its file name)."""
+    return run.path.name if run.seed is None else str(run.seed)
+
+
 def matching_run(runs: list, seed: str, entry: dict):
     """The log of this seed's entry: the one it names, else the closest in val_bpb among
     those of that seed (or, failing any, those whose file name gives that seed)."""
@@ -751,15 +750,9 @@ def pack_logged_source(source: bytes, filename: str) -> bytes:
 
 def unpack_code(packed: bytes) -> bytes | None:
     """The program a PACK_CODE=1 file runs (its two lines exactly, nothing around them),
-    or None if it is not one."""
-    if not (packed.startswith(PACKED_HEAD) and packed.endswith(PACKED_TAIL)):
-        return None
-    payload = packed[len(PACKED_HEAD):-len(PACKED_TAIL)]
-    # base85's alphabet: no quote, no newline
-    if re.fullmatch(rb"[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]*", payload) is None:
-        return None
+    or None if it is not one (b85decode refuses a quote or newline: not base85)."""
     try:
-        return lzma.decompress(base64.b85decode(payload))
+        return unpack(packed)
     except (ValueError, lzma.LZMAError):
         return None
 

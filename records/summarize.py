@@ -296,7 +296,7 @@ def config_row(config: Config, baseline: Config | None, margin: float, alpha: fl
     row["improvement"] = c.improvement
     row["unit"] = c.unit.split(" (")[0].split(";")[0]
     row["p_value"] = c.p
-    row["verdict"] = "SIGNIFICANT" if c.significant else "not significant"
+    row["verdict"] = compare.verdict_word(c)
     return row
 
 
