@@ -820,7 +820,8 @@ def score(model, val, layout, seq_len, stride, span=None):
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, bytes
     for i in range(first, last, per_batch):
         batch = [min(k, last - 1) for k in range(i, i + per_batch)]
-        windows = torch.stack([val.tokens[ends[k] - seq_len:ends[k] + 1] for k in batch]).to(device, torch.int64)
+        windows = torch.stack([val.tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])  # (B, T + 1)
+        windows = windows.to(device, torch.int64)
         num_bytes = torch.stack([val.bytes[ends[k] - seq_len + 1:ends[k] + 1] for k in batch])
         ks = torch.arange(i, i + per_batch, device=device)
         num_scored = torch.where(ks < last, scored[ks.clamp(max=last - 1)], 0)  # no host sync
@@ -972,9 +973,9 @@ def quantize_state_dict(state_dict, hp, hessians=None):
                 q, scale = quantize_rows(tensor.float(), bits, sigmas)
             ints[name] = q.to(torch.int8)
             scales[name] = stored = scale.half()  # a scale beyond fp16's range is inf
-        require(bool(torch.isfinite(tensor).all() and torch.isfinite(stored).all()), f"export: {name} holds |w| "
-                f"up to {tensor.abs().max():.4g}: not finite, or beyond fp16's 65504 in its stored form; no "
-                "artifact can hold this model: lower the learning rates")
+        finite = torch.isfinite(tensor).all() and torch.isfinite(stored).all()
+        require(bool(finite), f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond "
+                "fp16's 65504 in its stored form; no artifact can hold this model: lower the learning rates")
     if hp.lqer_enabled:
         errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
                   for name, q in ints.items()}
@@ -1330,9 +1331,11 @@ class RunLog:
 
 def describe_hardware(layout) -> list[str]:
     if layout.cuda:
-        smi = shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
+        smi = ""  # the GPUs' table, as nvidia-smi prints it
+        if shutil.which("nvidia-smi"):
+            smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
         name = torch.cuda.get_device_name(layout.device)
-        return [f"hardware: cuda: {layout.world_size}x {name}"] + (smi or "").splitlines()
+        return [f"hardware: cuda: {layout.world_size}x {name}"] + smi.splitlines()
     cpuinfo = Path("/proc/cpuinfo")
     found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
     cpu = found[0] if found else platform.processor() or platform.machine()
