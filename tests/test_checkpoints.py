@@ -16,7 +16,7 @@ import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, run_trainer
+from conftest import ROOT, run_trainer, tiny_hp
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
@@ -151,10 +151,9 @@ class Training:
     """A tiny model, its optimizers and loader, as a run holds them; RUN_ID=unit."""
 
     def __init__(self, tiny_data, tmp_path, **overrides):
-        values = dict(vocab_size=tiny_data.vocab_size, num_layers=2, model_dim=32, num_heads=4,
-                      num_kv_heads=2, train_seq_len=16, run_id="unit",
-                      checkpoint_dir=str(tmp_path / "ckpt"), data_path=str(tiny_data.data_path))
-        self.hp = tg.Hyperparameters(**{**values, **overrides})
+        values = dict(vocab_size=tiny_data.vocab_size, run_id="unit", checkpoint_dir=str(tmp_path / "ckpt"),
+                      data_path=str(tiny_data.data_path))
+        self.hp = tiny_hp(**{**values, **overrides})
         self.run = tg.Run(self.hp, tg.Layout(), None, b"source", model=tg.GPT(self.hp))
         self.optimizers = tg.build_optimizers(self.run.model, self.hp, self.run.layout)
         self.ema = tg.EMA(self.run.model, 0.0)

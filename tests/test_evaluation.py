@@ -11,34 +11,11 @@ import pytest
 import torch
 
 import train_gpt as tg
-from conftest import run_trainer
-
-
-def tiny_hp(**overrides) -> tg.Hyperparameters:
-    values = dict(
-        vocab_size=64,
-        num_layers=2,
-        model_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        train_seq_len=16,
-        val_batch_size=16 * 8 * 3,
-    )
-    values.update(overrides)
-    return tg.Hyperparameters(**values)
+from conftest import VAL_BATCH, random_model, run_trainer, tiny_hp
 
 
 def cpu_layout(**overrides) -> tg.Layout:
     return tg.Layout(**{"grad_accum_steps": 8, **overrides})
-
-
-def random_model(hp: tg.Hyperparameters) -> tg.GPT:
-    torch.manual_seed(0)
-    model = tg.GPT(hp)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return model
 
 
 def score(model, val: tg.Validation, hp: tg.Hyperparameters, sliding=False, layout=None):
@@ -71,7 +48,8 @@ class PositionLoss(torch.nn.Module):
 @pytest.fixture(scope="module")
 def val(tiny_data) -> tg.Validation:
     """The tiny validation split, cut to 40 windows of 16."""
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, data_path=str(tiny_data.data_path))
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH,
+                 data_path=str(tiny_data.data_path))
     tok = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
     full = tg.load_validation(hp, tok)
     end = 16 * 40 + 1
@@ -79,7 +57,7 @@ def val(tiny_data) -> tg.Validation:
 
 
 def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val):
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=16)
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=16, eval_stride=16)
     model = random_model(hp)
     plain = tg.metrics(score(model, val, hp))
     sliding = tg.metrics(score(model, val, hp, sliding=True))
@@ -88,7 +66,8 @@ def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val):
 
 @pytest.mark.parametrize("seq_len, stride", [(16, 4), (32, 8), (16, 5), (24, 24)])
 def test_sliding_scores_every_token_once(tiny_data, val, seq_len, stride):
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=seq_len, eval_stride=stride)
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=seq_len,
+                 eval_stride=stride)
     # a model with loss 1 per scored token: val_loss = 1 exactly,
     # and val_bpb = tokens / (bytes * ln 2)
     counter = PositionCounter()
@@ -111,7 +90,7 @@ def test_two_ranks_share_the_windows_and_each_scored_token_has_its_context(
         tiny_data, val, monkeypatch):
     # each rank's own sums: what it contributes to the all-reduce
     monkeypatch.setattr(tg.dist, "all_reduce", lambda tensor, op=None: None)
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, eval_seq_len=16, eval_stride=4)
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=16, eval_stride=4)
     model = random_model(hp)
     full = score(model, val, hp, sliding=True)
     halves = []

@@ -12,29 +12,8 @@ import pytest
 import torch
 
 import train_gpt as tg
-from conftest import ROOT
+from conftest import ROOT, randomize, tiny_hp
 from records.packing import PACKED_HEAD, pack_source
-
-
-def tiny_hp(**overrides) -> tg.Hyperparameters:
-    values = dict(
-        vocab_size=64,
-        num_layers=3,
-        model_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        train_seq_len=16,
-    )
-    values.update(overrides)
-    return tg.Hyperparameters(**values)
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Zero-initialized projections make a fresh model context-blind; shake every weight."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
 def rows_error(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -306,7 +285,7 @@ def test_lqer_lowers_the_quantization_error_and_round_trips_through_the_safe_loa
 ])
 def test_export_round_trip_within_quantization_error(tmp_path, bits, embed_bits, compressor):
     torch.manual_seed(0)
-    hp = tiny_hp(vocab_size=2048, model_dim=192, matrix_bits=bits, embed_bits=embed_bits,
+    hp = tiny_hp(vocab_size=2048, num_layers=3, model_dim=192, matrix_bits=bits, embed_bits=embed_bits,
                  compressor=compressor)
     model = tg.GPT(hp)
     randomize(model)

@@ -10,34 +10,12 @@ import torch.nn.functional as F
 
 import train_gpt as tg
 from bench.flops import count_flops_per_token
-from conftest import ROOT
+from conftest import ALL_ON, ROOT, all_on_hp, randomize, random_model, tiny_hp
 
 # The script of the CPU-track record made before the field's techniques existed: with every newer
 # setting at its default, today's model and optimizer must compute exactly what it computed.
 REFERENCE_RECORD = ROOT / "records" / "track_cpu" / "2026-11-22_Int6Qat7LayersSliding"
 REFERENCE_SCRIPT = REFERENCE_RECORD / "train_gpt.py"
-
-# Every technique on at once (over 5 layers)
-ALL_ON = dict(
-    mlp_leaky_slope=0.5,
-    rope_dims=4,
-    ln_scale=True,
-    xsa_last_n=2,
-    smear_gate_enabled=True,
-    bigram_vocab_size=97,
-    bigram_dim=16,
-    loop_start=1,
-    loop_end=2,
-    num_loops=2,
-    parallel_start_layer=3,
-    muon_wd=0.1,
-    embed_wd=0.05,
-    adam_wd=0.02,
-    muon_row_normalize=True,
-    muon_polar=True,
-    warmdown_frac=0.5,
-    min_lr=0.1,
-)
 
 # The field's best entry, term for term
 FIELD_ON = dict(
@@ -54,40 +32,6 @@ FIELD_ON = dict(
     ln_scale=True,
     rope_dims=4,
 )
-
-
-def tiny_hp(**overrides) -> tg.Hyperparameters:
-    values = dict(
-        vocab_size=64,
-        num_layers=2,
-        model_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        train_seq_len=16,
-    )
-    values.update(overrides)
-    return tg.Hyperparameters(**values)
-
-
-def all_on_hp(**overrides) -> tg.Hyperparameters:
-    return tiny_hp(**{"num_layers": 5, **ALL_ON, **overrides})
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Zero-initialized projections make a fresh model context-blind; shake every weight."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-
-
-def random_model(hp: tg.Hyperparameters) -> tg.GPT:
-    torch.manual_seed(0)
-    model = tg.GPT(hp)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return model
 
 
 def bump(idx: torch.Tensor, t: int) -> torch.Tensor:

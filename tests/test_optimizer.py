@@ -5,46 +5,7 @@ import pytest
 import torch
 
 import train_gpt as tg
-
-
-def tiny_hp(**overrides) -> tg.Hyperparameters:
-    values = dict(
-        vocab_size=64,
-        num_layers=3,
-        model_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        train_seq_len=16,
-    )
-    values.update(overrides)
-    return tg.Hyperparameters(**values)
-
-
-def all_on_hp(**overrides) -> tg.Hyperparameters:
-    """Every technique on at once, over 5 layers."""
-    values = dict(
-        num_layers=5,
-        mlp_leaky_slope=0.5,
-        rope_dims=4,
-        ln_scale=True,
-        xsa_last_n=2,
-        smear_gate_enabled=True,
-        bigram_vocab_size=97,
-        bigram_dim=16,
-        loop_start=1,
-        loop_end=2,
-        num_loops=2,
-        parallel_start_layer=3,
-        muon_wd=0.1,
-        embed_wd=0.05,
-        adam_wd=0.02,
-        muon_row_normalize=True,
-        muon_polar=True,
-        warmdown_frac=0.5,
-        min_lr=0.1,
-    )
-    values.update(overrides)
-    return tiny_hp(**values)
+from conftest import all_on_hp, tiny_hp
 
 
 def ids(optimizer: torch.optim.Optimizer) -> set[int]:
@@ -63,7 +24,7 @@ def spread_matrix(shape: tuple[int, int], singular_values: torch.Tensor) -> torc
 
 
 def test_params_split_between_muon_and_adam():
-    hp = tiny_hp()
+    hp = tiny_hp(num_layers=3)
     model = tg.GPT(hp)
     adam, muon = tg.build_optimizers(model, hp, tg.Layout())
     muon_ids = ids(muon)
@@ -192,7 +153,7 @@ def test_muon_row_norm_equalizes_rows_before_orthogonalizing():
 
 
 def test_warmdown_by_steps():
-    hp = tiny_hp(iterations=100, warmdown_iters=20, max_wallclock_seconds=0)
+    hp = tiny_hp(num_layers=3, iterations=100, warmdown_iters=20, max_wallclock_seconds=0)
     assert tg.lr_schedule(0, 0.0, hp) == 1.0
     assert tg.lr_schedule(80, 0.0, hp) == 1.0
     assert tg.lr_schedule(90, 0.0, hp) == pytest.approx(0.5)
@@ -200,14 +161,14 @@ def test_warmdown_by_steps():
 
 
 def test_warmdown_by_wallclock():
-    hp = tiny_hp(iterations=10_000, warmdown_iters=100, max_wallclock_seconds=10.0)
+    hp = tiny_hp(num_layers=3, iterations=10_000, warmdown_iters=100, max_wallclock_seconds=10.0)
     # 10 ms/step: the warmdown spans the last 100 * 10 ms = 1 s of the 10 s budget
     assert tg.lr_schedule(10, 100.0, hp) == 1.0
     assert tg.lr_schedule(900, 9000.0, hp) == pytest.approx(1.0)
     assert tg.lr_schedule(950, 9500.0, hp) == pytest.approx(0.5)
     assert tg.lr_schedule(1000, 10_000.0, hp) == 0.0
     # a step cap reached before the budget still warms down by steps
-    capped = tiny_hp(iterations=200, warmdown_iters=100, max_wallclock_seconds=600.0)
+    capped = tiny_hp(num_layers=3, iterations=200, warmdown_iters=100, max_wallclock_seconds=600.0)
     assert tg.lr_schedule(150, 1500.0, capped) == pytest.approx(0.5)
 
 
@@ -232,7 +193,7 @@ def test_warmdown_fraction_endpoints_and_floor():
 
 
 def test_muon_momentum_warmup():
-    hp = tiny_hp(muon_momentum=0.95, muon_momentum_warmup_start=0.85,
+    hp = tiny_hp(num_layers=3, muon_momentum=0.95, muon_momentum_warmup_start=0.85,
                  muon_momentum_warmup_steps=100)
     assert tg.muon_momentum(0, hp) == pytest.approx(0.85)
     assert tg.muon_momentum(50, hp) == pytest.approx(0.90)

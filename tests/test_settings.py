@@ -11,45 +11,7 @@ import pytest
 import torch
 
 import train_gpt as tg
-from conftest import CPU_PINNED, ROOT
-
-
-def tiny_hp(**overrides) -> tg.Hyperparameters:
-    values = dict(
-        vocab_size=64,
-        num_layers=2,
-        model_dim=32,
-        num_heads=4,
-        num_kv_heads=2,
-        train_seq_len=16,
-        val_batch_size=16 * 8 * 3,
-    )
-    values.update(overrides)
-    return tg.Hyperparameters(**values)
-
-
-# Every technique on at once (over 5 layers)
-ALL_ON = dict(
-    num_layers=5,
-    mlp_leaky_slope=0.5,
-    rope_dims=4,
-    ln_scale=True,
-    xsa_last_n=2,
-    smear_gate_enabled=True,
-    bigram_vocab_size=97,
-    bigram_dim=16,
-    loop_start=1,
-    loop_end=2,
-    num_loops=2,
-    parallel_start_layer=3,
-    muon_wd=0.1,
-    embed_wd=0.05,
-    adam_wd=0.02,
-    muon_row_normalize=True,
-    muon_polar=True,
-    warmdown_frac=0.5,
-    min_lr=0.1,
-)
+from conftest import CPU_PINNED, ROOT, VAL_BATCH, all_on_hp
 
 
 def refused_names(error: pytest.ExceptionInfo) -> set[str]:
@@ -101,10 +63,10 @@ def test_new_settings_are_validated():
         (dict(xsa_last_n=6), "XSA_LAST_N"),
     ]
     for bad, word in cases:
-        values = {**ALL_ON, "num_loops": 0, "parallel_start_layer": 0, **bad}
+        values = {"num_loops": 0, "parallel_start_layer": 0, **bad}
         with pytest.raises(tg.ConfigError, match=word):
-            tiny_hp(**values).validate()
-    tiny_hp(**ALL_ON).validate()
+            all_on_hp(val_batch_size=VAL_BATCH, **values).validate()
+    all_on_hp(val_batch_size=VAL_BATCH).validate()
 
 
 @pytest.mark.parametrize("settings, message", [
