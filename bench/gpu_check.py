@@ -17,6 +17,8 @@ GPU machine that reaches nothing needs to have with it. Every figure comes from 
 - the evaluation passes at the record shape on a slice of the validation set (round trip, sliding, TTT,
   and the export with GPTQ), extrapolated to 40,540,160 validation tokens on 8 GPUs, with the graphs each
   pass compiled inside its timer (must be 0);
+- one record-shape attention layer, forward and backward: SDPA's flash kernel (as train_gpt.py runs it) and
+  FlashAttention 4 behind it where pip's flash-attn-4 runs (issue 28: whether train_gpt.py should switch it on);
 - two identical short runs, which must agree bit for bit, and the compiled-graph counts after warmup and
   at the run's exit, which must be equal: warmup compiles every graph of the training phases and the final
   passes (which also report the graphs compiled inside their timers).
@@ -128,6 +130,42 @@ def tiny_valset(data: Path, out: Path, tokens: int) -> Path:
     end = bos[-1] if len(bos) > 1 else tokens
     write_datafile(out / "fineweb_val_000000.bin", val[:end])
     return out
+
+
+def attention_ms(layout, seqs: int, seq_len: int, reps: int = 10) -> float:
+    """ms per forward + backward of one record-shape attention layer on seqs x seq_len tokens."""
+    hp = tg.Hyperparameters(**dict({k.lower(): v for k, v in RECORD.items()}, train_seq_len=seq_len))
+    attn = tg.CausalSelfAttention(hp, layer=hp.num_layers - 1).to(layout.device)
+    x = torch.randn(seqs, seq_len, hp.model_dim, device=layout.device, requires_grad=True)
+    for rep in range(reps + 2):  # two untimed
+        if rep == 2:
+            tg.synchronize(layout.device)
+            t0 = time.perf_counter()
+        with tg.autocast(layout):
+            attn(x).float().square().mean().backward()
+    tg.synchronize(layout.device)
+    return tg.ms_since(t0) / reps
+
+
+def attention_rows(report: dict, rows: list, dry_run: bool) -> None:
+    """SDPA's flash kernel, then FlashAttention 4 behind it where it runs, at a GPU's micro-step of the record."""
+    cuda = not dry_run
+    layout = tg.Layout(device=torch.device("cuda" if cuda else "cpu"), use_bf16=cuda)
+    seqs, seq_len = (24, 2048) if cuda else (2, 64)
+    if not cuda:
+        timings = {"sdpa (cpu)": attention_ms(layout, seqs, seq_len)}
+    else:
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            timings = {"sdpa flash": attention_ms(layout, seqs, seq_len)}
+            try:  # needs pip's flash-attn-4, an SM 9.0/10.0 GPU and a torch with the switch
+                torch.nn.attention.activate_flash_attention_impl("FA4")
+                timings["FA4"] = attention_ms(layout, seqs, seq_len)
+                torch.nn.attention.restore_flash_attention_impl()
+            except (AttributeError, ImportError, RuntimeError) as e:
+                timings[f"FA4 ({type(e).__name__}: {e})"] = None
+    report["attention_ms"] = timings
+    shown = ", ".join(f"{name}: {ms:.2f}" if ms else f"{name}: -" for name, ms in timings.items())
+    rows.append((f"attention, {seqs}x{seq_len} tokens, one layer fwd+bwd (ms)", shown, "FA4 below flash"))
 
 
 def main() -> None:
@@ -259,7 +297,10 @@ def main() -> None:
     rows.append(("graphs after warmup / at exit", " / ".join(map(str, counts)),
                  "equal: warmup compiles every graph training and the final passes use"))
 
-    # 5. two identical runs agree bit for bit: the default run, once more
+    # 5. attention's kernels at the record shape
+    attention_rows(report, rows, args.dry_run)
+
+    # 6. two identical runs agree bit for bit: the default run, once more
     twin_text = run(dict(default, RUN_ID="twin"), work)
     finals = [re.findall(r"^final_\w+_exact .*$", t, re.M) for t in (default_text, twin_text)]
     report["bitwise"] = finals[0] == finals[1] and bool(finals[0])

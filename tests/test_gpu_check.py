@@ -26,4 +26,5 @@ def test_the_dry_run_fills_every_row(tmp_path):
     after_warmup, at_exit = report["compile_counts"]
     assert at_exit == after_warmup, "warmup compiles every graph that training and the final passes use"
     assert "| check |" in out.stdout.replace("  ", "") or "| check" in out.stdout
-    assert len(report["rows"]) >= 10
+    assert len(report["rows"]) >= 11
+    assert list(report["attention_ms"]) == ["sdpa (cpu)"] and report["attention_ms"]["sdpa (cpu)"] > 0
