@@ -285,9 +285,7 @@ def parse_setting(name, raw, default):
     try:
         if kind is bool:
             return BOOLEANS[text.lower()]
-        if kind in (int, float):
-            return kind(text)
-        return text
+        return kind(text)  # int, float or str
     except (KeyError, ValueError):
         what = {bool: "0 or 1", int: "an integer", float: "a number"}[kind]
         example = int(default) if kind is bool else default
@@ -1146,11 +1144,6 @@ class EMA:
         live = [p.detach().clone() for p in model.parameters()]
         torch._foreach_copy_([p.detach() for p in model.parameters()], self.params)
         self.params = live
-    @contextmanager
-    def swapped(self, model):  # the average in, for a with-block; the live weights back after
-        self.swap(model)
-        yield
-        self.swap(model)
 
 def train_step(model, batches, optimizers, lr_scale, grad_clip, layout):
     """One optimizer step over micro-batches [(x, y), ...], all-reduced once; returns the mean loss."""
@@ -1267,8 +1260,10 @@ def train(run, optimizers, ema):
         every = hp.val_loss_every
         due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
         if due or state.ended(hp):
-            with state.paused(), ema.swapped(model):  # scored: the weights that will be exported
+            with state.paused():
+                ema.swap(model)  # scored: the weights that will be exported
                 log_validation(run, state)
+                ema.swap(model)
         if state.ended(hp):
             break
         for group in optimizers[1].param_groups:
