@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import settings
+
 # A resume refuses a checkpoint that differs in any of these: its weights would not fit, or mean another model.
 MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
                         "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
@@ -101,7 +103,7 @@ class Keeper:
                         "earlier one") from None
         defaults = asdict(type(hp)())  # a checkpoint older than a setting ran its default
         # one written before the settings took the field's names (2026-11-25) has them under their old names
-        old_names = {new.lower(): old.lower() for old, new in self.tg.INSTEAD.items() if new}
+        old_names = {new.lower(): old.lower() for old, new in settings.INSTEAD.items() if new}
         for name in MODEL_SHAPE_SETTINGS:
             logged = meta["hyperparameters"]
             saved = logged.get(name, logged.get(old_names.get(name), defaults[name]))

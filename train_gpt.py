@@ -12,7 +12,6 @@ RESUME) live in checkpoints.py, the code packer in records/packing.py. Cap: 1500
 from __future__ import annotations
 
 import copy
-import difflib
 import gc
 import glob
 import hashlib
@@ -158,7 +157,9 @@ class Hyperparameters:
 
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
-        refuse_unknown_names(environ)
+        checks = settings_module()
+        refused = checks.refused_names(environ, ENV_NAMES) if checks else []
+        require(not refused, "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
         hp = cls(**{f.name: parse_setting(f.name.upper(), environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
@@ -186,47 +187,10 @@ class Hyperparameters:
         require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
         return self.grad_accum_steps or 8 // world_size
     def validate(self, world_size=1):
-        """Refuse what the settings alone make impossible, naming the variable, its value and the fix."""
-        values = vars(self)
-        for name, value in values.items():
-            if type(value) in (int, float):
-                require(value >= 0, f"{name.upper()}={value} must be >= 0")
-        for name in POSITIVE:
-            require(values[name] > 0, f"{name.upper()}={values[name]} must be positive")
-        for name in FRACTIONS:
-            require(values[name] <= 1, f"{name.upper()}={values[name]} must be in [0, 1]")
-        for name, allowed in CHOICES.items():
-            require(values[name] in allowed, f"{name.upper()}={values[name]!r} must be one of {allowed}")
-        head_dim = self.model_dim // self.num_heads
-        require(self.num_layers >= 2, f"NUM_LAYERS={self.num_layers}: the U-Net pairs blocks: use 2+")
-        require(self.vocab_size <= 65_536, f"VOCAB_SIZE={self.vocab_size}: shards hold 65536 ids")
-        require(self.model_dim % self.num_heads == 0,
-                f"MODEL_DIM={self.model_dim}: use a multiple of NUM_HEADS={self.num_heads}")
-        require(self.num_heads % self.num_kv_heads == 0,
-                f"NUM_HEADS={self.num_heads}: use a multiple of NUM_KV_HEADS={self.num_kv_heads}")
-        require(head_dim % 2 == 0, f"MODEL_DIM/NUM_HEADS = {head_dim}: RoPE needs an even head dim")
-        rope_ok = self.rope_dims % 2 == 0 and self.rope_dims <= head_dim
-        require(rope_ok, f"ROPE_DIMS={self.rope_dims}: use an even number up to the head dim {head_dim}")
-        require(self.xsa_last_n <= self.num_layers, f"XSA_LAST_N={self.xsa_last_n}: at most NUM_LAYERS")
-        lanes = self.parallel_start_layer
-        require(lanes < self.num_layers, f"PARALLEL_START_LAYER={lanes}: use a layer below NUM_LAYERS")
-        looped = self.loop_start <= self.loop_end < self.num_layers
-        span = f"LOOP_START={self.loop_start} LOOP_END={self.loop_end}"
-        require(looped or not self.num_loops, f"{span}: need LOOP_START <= LOOP_END < NUM_LAYERS")
-        after = self.parallel_start_layer > self.loop_end
-        require(after or not (self.num_loops and lanes), f"PARALLEL_START_LAYER={lanes}: past LOOP_END")
-        require(self.bigram_vocab_size != 1, "BIGRAM_VOCAB_SIZE=1: 0, or 2+ (a row is 'no previous token')")
-        require(self.ema_decay < 1.0, f"EMA_DECAY={self.ema_decay}: below 1; 0 is off, 0.997 typical")
-        require(self.eval_stride <= self.eval_window,
-                f"EVAL_STRIDE={self.eval_stride}: at most the eval window {self.eval_window}")
-        missing = self.compressor in ("brotli", "zpaq") and not importlib.util.find_spec(self.compressor)
-        require(not missing, f"COMPRESSOR={self.compressor} needs its package: pip install {self.compressor}")
-        # GPTQ under a wallclock cap calibrates on training data inside the budget: seconds kept for it
-        reserve = self.gptq_reserve_seconds
-        capped_gptq = self.gptq and self.max_wallclock_seconds > 0
-        require(capped_gptq or not reserve, f"GPTQ_RESERVE_SECONDS={reserve}: only for GPTQ=1 under a cap")
-        require(reserve or not capped_gptq, "GPTQ=1 under MAX_WALLCLOCK_SECONDS: set GPTQ_RESERVE_SECONDS")
-        require(self.budget_ms > 0, f"GPTQ_RESERVE_SECONDS={reserve}: no time left of MAX_WALLCLOCK_SECONDS")
+        """Refuse what the settings make impossible (settings.py's checks), and what the processes do."""
+        checks = settings_module()
+        problems = checks.problems(self) if checks else []
+        require(not problems, "\n".join(problems))
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
         batch = self.train_batch_tokens
         require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
@@ -235,46 +199,14 @@ class Hyperparameters:
         chunk = self.ttt_chunk_tokens
         require(chunk % rows == 0 or not self.ttt_enabled, f"TTT_CHUNK_TOKENS={chunk}: use a multiple of {rows}")
 
-POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size",
-            "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
-            "muon_backend_steps", "gptq_calib_seqs", "ttt_chunk_tokens", "lqer_rank")
-FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr")
-CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
-               matrix_bits=(4, 5, 6, 7, 8), embed_bits=(4, 5, 6, 7, 8), sidecar_bytes=("check", "trust"),
-               compressor=("zlib", "lzma", "brotli", "zpaq"))
 ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]
 
-# Names refused before any work, with what to use instead: ours before they took the field's (2026-11-25),
-# the field's for two of the baseline's, ours retired (None). So are the field's settings this file lacks.
-INSTEAD = dict(
-    TTT="TTT_ENABLED", LOOP_REPEATS="NUM_LOOPS", LOOP_START_FRAC="ENABLE_LOOPING_AT", MIN_LR_SCALE="MIN_LR",
-    PARALLEL_FROM="PARALLEL_START_LAYER", QUANT_BITS="MATRIX_BITS", EMBED_QUANT_BITS="EMBED_BITS",
-    QUANT_SIGMAS="MATRIX_CLIP_SIGMAS", ATTN_QUANT_SIGMAS="ATTN_CLIP_SIGMAS", MLP_QUANT_SIGMAS="MLP_CLIP_SIGMAS",
-    EMBED_QUANT_SIGMAS="EMBED_CLIP_SIGMAS", MUON_ROW_NORM="MUON_ROW_NORMALIZE", SCALAR_WD="ADAM_WD",
-    SMEAR_GATE="SMEAR_GATE_ENABLED", SKIP_GATES="SKIP_GATES_ENABLED", ATTN_GATE="SPARSE_ATTN_GATE_ENABLED",
-    BIGRAM_BUCKETS="BIGRAM_VOCAB_SIZE", SLIDING_EVAL="SLIDING_WINDOW_ENABLED", LOG_DIR="ARTIFACT_DIR",
-    VAL_BATCH_TOKENS="VAL_BATCH_SIZE", GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
-    **dict.fromkeys(["QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
-                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR"]))
-FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
-               "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
-               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
-
-def refuse_unknown_names(environ):
-    """Stop at names that look like settings but are not ours, all at once: none is silently ignored."""
-    refused = []
-    for name, value in environ.items():
-        if name in ENV_NAMES or (name, value) == ("TIE_EMBEDDINGS", "1"):  # the baseline's, as this file does
-            continue
-        typo = difflib.get_close_matches(name, ENV_NAMES, 1, 0.9)
-        if name in INSTEAD:
-            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (README, \"Retired settings\")"
-            refused.append(f"{name}={value}: {fix}")
-        elif typo:
-            refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
-        elif name.startswith(FIELD_LACKS):
-            refused.append(f"{name}={value}: the field's, not here (README, \"Commands from the field\")")
-    require(not refused, "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
+def settings_module():
+    """settings.py, which checks the settings and makes --help, where it sits beside this file; else None."""
+    try:
+        return importlib.import_module("settings")
+    except ImportError:  # a record folder's copy, run alone: its log says the settings went unchecked
+        return None
 
 BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
@@ -1424,6 +1356,8 @@ def start(run):
         run.log(f"command: {launch_command()}")
     else:
         run.log.write_header(run, launch_command())
+    if settings_module() is None:
+        run.log("settings: not checked: settings.py is not beside this train_gpt.py")
     if run.keeper:
         run.log(run.keeper.describe())
     print(f"logfile: {run.log.path}")
@@ -1482,10 +1416,10 @@ def shutdown(run):
 
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):  # every setting is an environment variable; no arguments
-        try:
-            print(importlib.import_module("tools.settings_table").settings_help())
-        except ImportError:  # a record folder's copy
-            sys.exit("train_gpt.py --help: tools/settings_table.py lists the settings; run the repository's")
+        checks = settings_module()
+        if checks is None:  # a record folder's copy
+            sys.exit("train_gpt.py --help: settings.py lists the settings; run the repository's")
+        print(checks.help_text())
         sys.exit(0)
     try:
         main()

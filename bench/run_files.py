@@ -11,11 +11,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import settings  # noqa: E402
 import train_gpt as tg  # noqa: E402
 
 # The `hyperparameters:` line of a log written before 2026-11-25 names settings as they were then: train_gpt's
 # renames (a value with a note, "GPTQ_CALIB_SEQS (sequences)", names no field, so its setting is dropped)
-OLD_NAMES = {old.lower(): new.lower() for old, new in tg.INSTEAD.items() if new}
+OLD_NAMES = {old.lower(): new.lower() for old, new in settings.INSTEAD.items() if new}
 
 
 def reader_module(path: Path | None):

@@ -4,15 +4,16 @@ we lack); --help lists them."""
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
+import settings
 import train_gpt as tg
 from conftest import CPU_PINNED, ROOT, VAL_BATCH, all_on_hp
-from tools import settings_table
 
 
 def refused_names(error: pytest.ExceptionInfo) -> set[str]:
@@ -111,8 +112,8 @@ def test_old_and_retired_names_are_refused_with_what_to_use():
     """Every name in INSTEAD is refused before any work, with ours for it (a real setting) or
     "retired"; none of them is still a setting, which would shadow the refusal. (At 0: the
     baseline's TIE_EMBEDDINGS=1 is what this file does, and passes.)"""
-    assert not set(tg.INSTEAD) & set(tg.ENV_NAMES)
-    for name, ours in tg.INSTEAD.items():
+    assert not set(settings.INSTEAD) & set(tg.ENV_NAMES)
+    for name, ours in settings.INSTEAD.items():
         with pytest.raises(tg.ConfigError) as e:
             tg.Hyperparameters.from_env({name: "0"})
         assert refused_names(e) == {name}
@@ -222,6 +223,20 @@ def test_the_best_entrys_names_set_what_they_mean():
         tg.Hyperparameters.from_env(dict(NUM_LOOPS="2", LOOP_REPEATS="3"))
 
 
+def test_a_copy_without_settings_py_runs_unchecked_and_its_log_says_so(tiny_data, tmp_path):
+    """A record folder holds train_gpt.py alone: it runs, refusing nothing, and says so in one line."""
+    shutil.copy(ROOT / "train_gpt.py", tmp_path / "train_gpt.py")
+    env = tiny_data.env(ITERATIONS="2", RUN_ID="alone", NUM_LAYER="3", PYTHONPATH="")
+    out = subprocess.run([sys.executable, "train_gpt.py"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (tmp_path / "logs" / "alone.txt").read_text()
+    assert "settings: not checked: settings.py is not beside this train_gpt.py" in log
+    assert "final_int8_zlib_roundtrip_exact" in log, "the typo NUM_LAYER went unrefused, as the line warns"
+    with pytest.raises(tg.ConfigError, match="NUM_LAYER=3: not a setting"):
+        tg.Hyperparameters.from_env({"NUM_LAYER": "3"})
+
+
 # ---- --help and the README ----
 
 
@@ -243,9 +258,9 @@ def test_help_prints_every_setting_with_its_default_from_the_code():
 
 def test_readme_lists_every_setting():
     """README CHECK (a failure here is the README's, not the trainer's): its Settings table is the one
-    tools/settings_table.py makes from Hyperparameters, row for row (--write README.md mends it)."""
+    settings.py makes from Hyperparameters, row for row (--write README.md mends it)."""
     readme = (ROOT / "README.md").read_text()
     missing = [name for name in tg.ENV_NAMES if f"`{name}`" not in readme]
     assert not missing, f"README.md's Settings table lacks {missing}"
-    stale = [row for row in settings_table.settings_table().splitlines() if row not in readme.splitlines()]
+    stale = [row for row in settings.table().splitlines() if row not in readme.splitlines()]
     assert not stale, f"README.md's Settings table differs from the code in: {stale}"

@@ -1,0 +1,187 @@
+"""settings.py: what train_gpt.py's settings may be, checked before any work, and its --help.
+
+train_gpt.py imports this module when it sits beside it: names that look like settings but are not
+(typos, our former names, retired ones, the field's that the trainer lacks) are refused all at once,
+and so are values the settings alone make impossible. A record folder's copy of train_gpt.py runs
+without it, unchecked, and its log says so. Checks that need the data, the tokenizer or the number of
+processes stay in the trainer. This module imports nothing of the trainer: it reads train_gpt.py's
+source for the help, and is handed the settings it checks.
+
+    python settings.py                    # the settings as README.md's table
+    python settings.py --write README.md  # replace the README's table with it
+"""
+
+import argparse
+import difflib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+TRAINER = Path(__file__).with_name("train_gpt.py")
+
+# Names refused with what to use instead: ours before they took the field's (2026-11-25), the field's
+# for two of the baseline's, ours retired (None).
+INSTEAD = dict(
+    TTT="TTT_ENABLED",
+    LOOP_REPEATS="NUM_LOOPS",
+    LOOP_START_FRAC="ENABLE_LOOPING_AT",
+    MIN_LR_SCALE="MIN_LR",
+    PARALLEL_FROM="PARALLEL_START_LAYER",
+    QUANT_BITS="MATRIX_BITS",
+    EMBED_QUANT_BITS="EMBED_BITS",
+    QUANT_SIGMAS="MATRIX_CLIP_SIGMAS",
+    ATTN_QUANT_SIGMAS="ATTN_CLIP_SIGMAS",
+    MLP_QUANT_SIGMAS="MLP_CLIP_SIGMAS",
+    EMBED_QUANT_SIGMAS="EMBED_CLIP_SIGMAS",
+    MUON_ROW_NORM="MUON_ROW_NORMALIZE",
+    SCALAR_WD="ADAM_WD",
+    SMEAR_GATE="SMEAR_GATE_ENABLED",
+    SKIP_GATES="SKIP_GATES_ENABLED",
+    ATTN_GATE="SPARSE_ATTN_GATE_ENABLED",
+    BIGRAM_BUCKETS="BIGRAM_VOCAB_SIZE",
+    SLIDING_EVAL="SLIDING_WINDOW_ENABLED",
+    LOG_DIR="ARTIFACT_DIR",
+    VAL_BATCH_TOKENS="VAL_BATCH_SIZE",
+    GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
+    **dict.fromkeys(["QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
+                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR"]),
+)
+# Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
+FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
+               "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
+               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
+
+POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size",
+            "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
+            "muon_backend_steps", "gptq_calib_seqs", "ttt_chunk_tokens", "lqer_rank")
+FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr")
+CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
+               matrix_bits=(4, 5, 6, 7, 8), embed_bits=(4, 5, 6, 7, 8), sidecar_bytes=("check", "trust"),
+               compressor=("zlib", "lzma", "brotli", "zpaq"))
+
+
+def refused_names(environ, names):
+    """A line for each variable of environ that looks like a setting but is none of names."""
+    refused = []
+    for name, value in environ.items():
+        # the baseline's TIE_EMBEDDINGS=1 is what the trainer does
+        if name in names or (name, value) == ("TIE_EMBEDDINGS", "1"):
+            continue
+        typo = difflib.get_close_matches(name, names, 1, 0.9)
+        if name in INSTEAD:
+            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (README, \"Retired settings\")"
+            refused.append(f"{name}={value}: {fix}")
+        elif typo:
+            refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
+        elif name.startswith(FIELD_LACKS):
+            refused.append(f"{name}={value}: the field's, not here (README, \"Commands from the field\")")
+    return refused
+
+
+def problems(hp):
+    """A line for each value that the settings alone make impossible: the variable, its value, the fix."""
+    values = vars(hp)
+    found = []
+    def require(ok, message):
+        if not ok:
+            found.append(message)
+    for name, value in values.items():
+        if type(value) in (int, float):
+            require(value >= 0, f"{name.upper()}={value} must be >= 0")
+    for name in POSITIVE:
+        require(values[name] > 0, f"{name.upper()}={values[name]} must be positive")
+    for name in FRACTIONS:
+        require(values[name] <= 1, f"{name.upper()}={values[name]} must be in [0, 1]")
+    for name, allowed in CHOICES.items():
+        require(values[name] in allowed, f"{name.upper()}={values[name]!r} must be one of {allowed}")
+    if found:  # the checks below assume sane values
+        return found
+    head_dim = hp.model_dim // hp.num_heads
+    require(hp.num_layers >= 2, f"NUM_LAYERS={hp.num_layers}: the U-Net pairs blocks: use 2+")
+    require(hp.vocab_size <= 65_536, f"VOCAB_SIZE={hp.vocab_size}: shards hold 65536 ids")
+    require(hp.model_dim % hp.num_heads == 0,
+            f"MODEL_DIM={hp.model_dim}: use a multiple of NUM_HEADS={hp.num_heads}")
+    require(hp.num_heads % hp.num_kv_heads == 0,
+            f"NUM_HEADS={hp.num_heads}: use a multiple of NUM_KV_HEADS={hp.num_kv_heads}")
+    require(head_dim % 2 == 0, f"MODEL_DIM/NUM_HEADS = {head_dim}: RoPE needs an even head dim")
+    rope_ok = hp.rope_dims % 2 == 0 and hp.rope_dims <= head_dim
+    require(rope_ok, f"ROPE_DIMS={hp.rope_dims}: use an even number up to the head dim {head_dim}")
+    require(hp.xsa_last_n <= hp.num_layers, f"XSA_LAST_N={hp.xsa_last_n}: at most NUM_LAYERS")
+    lanes = hp.parallel_start_layer
+    require(lanes < hp.num_layers, f"PARALLEL_START_LAYER={lanes}: use a layer below NUM_LAYERS")
+    if hp.num_loops:
+        span = f"LOOP_START={hp.loop_start} LOOP_END={hp.loop_end}"
+        require(hp.loop_start <= hp.loop_end < hp.num_layers, f"{span}: need LOOP_START <= LOOP_END < NUM_LAYERS")
+        require(not lanes or lanes > hp.loop_end, f"PARALLEL_START_LAYER={lanes}: past LOOP_END")
+    require(hp.bigram_vocab_size != 1, "BIGRAM_VOCAB_SIZE=1: 0, or 2+ (a row is 'no previous token')")
+    require(hp.ema_decay < 1.0, f"EMA_DECAY={hp.ema_decay}: below 1; 0 is off, 0.997 typical")
+    window = hp.eval_seq_len or hp.train_seq_len
+    require(hp.eval_stride <= window, f"EVAL_STRIDE={hp.eval_stride}: at most the eval window {window}")
+    if hp.compressor in ("brotli", "zpaq"):
+        installed = importlib.util.find_spec(hp.compressor)
+        require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")
+    # GPTQ under a wallclock cap calibrates on training data inside the budget: seconds kept for it
+    reserve = hp.gptq_reserve_seconds
+    if hp.gptq and hp.max_wallclock_seconds > 0:
+        require(reserve, "GPTQ=1 under MAX_WALLCLOCK_SECONDS: set GPTQ_RESERVE_SECONDS")
+        require(reserve < hp.max_wallclock_seconds,
+                f"GPTQ_RESERVE_SECONDS={reserve}: no time left of MAX_WALLCLOCK_SECONDS")
+    else:
+        require(not reserve, f"GPTQ_RESERVE_SECONDS={reserve}: only for GPTQ=1 under a cap")
+    return found
+
+
+# ---- --help and README.md's table ----
+HEADER = "| variable | default | meaning |"
+# A field of Hyperparameters: its name, its default, its comment (methods are indented deeper).
+FIELD = re.compile(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", re.M)
+
+
+def rows(trainer=TRAINER):
+    """(NAME, default as written, meaning) per setting, in the order of Hyperparameters' lines."""
+    source = trainer.read_text(encoding="utf-8")
+    fields = source.split("\nclass Hyperparameters:", 1)[1].split("@classmethod", 1)[0]
+    return [(name.upper(), default, meaning) for name, default, meaning in
+            (m.groups("") for m in FIELD.finditer(fields))]
+
+
+def help_text():
+    """train_gpt.py --help: one aligned line per setting."""
+    return "\n".join(f"{name:<27} {default:<13} {meaning}" for name, default, meaning in rows())
+
+
+def table():
+    """The markdown table, ending in a newline."""
+    lines = [HEADER, "|---|---|---|"]
+    for name, default, meaning in rows():
+        meaning = meaning.replace("|", "\\|")  # a bare | would split the cell
+        lines.append(f"| `{name}` | {default} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(path):
+    """Replace the table in path: from its HEADER line to the first blank line after it."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    if HEADER + "\n" not in lines:
+        sys.exit(f"{path}: no line '{HEADER}' to replace")
+    start = lines.index(HEADER + "\n")
+    end = start
+    while end < len(lines) and lines[end].strip():
+        end += 1
+    lines[start:end] = [table()]
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", type=Path, metavar="README.md", help="replace the table in this file")
+    args = parser.parse_args()
+    if args.write:
+        write_table(args.write)
+    else:
+        print(table(), end="")
+
+
+if __name__ == "__main__":
+    main()
