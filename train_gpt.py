@@ -1,9 +1,6 @@
 """train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
 with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb.
-
-    8xH100:  torchrun --standalone --nproc_per_node=8 train_gpt.py
-    1 GPU:   torchrun --standalone --nproc_per_node=1 train_gpt.py   (8 micro-steps: the same maths)
-    CPU:     python train_gpt.py   or   torchrun --standalone --nproc_per_node=2 train_gpt.py   (gloo)
+It runs on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU and the CPU (README.md).
 
 Every setting is an environment variable, named as the field names it (--help lists them). Rank 0 writes
 logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line. Checkpoints (SAVE_EVERY,
@@ -24,8 +21,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -1234,8 +1229,8 @@ class RunLog:
             f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{sha256(source)} ====\n".encode())
             f.write(source + b"\n==== end of source ====\n")
         versions = f"versions: python:{platform.python_version()} torch:{torch.__version__}"
-        for line in [versions] + describe_hardware(run.layout):
-            self(line, console=False)
+        self(versions, console=False)
+        self(describe_hardware(run.layout), console=False)
         self(f"command: {command}")
         self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
         layout = run.layout
@@ -1256,28 +1251,23 @@ class RunLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"error: rank {rank}: {text.rstrip()}\n")
 
-def describe_hardware(layout) -> list[str]:
+def describe_hardware(layout):  # the line the records tools read
     if layout.cuda:
-        smi = ""  # the GPUs' table, as nvidia-smi prints it
-        if shutil.which("nvidia-smi"):
-            smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
-        name = torch.cuda.get_device_name(layout.device)
-        return [f"hardware: cuda: {layout.world_size}x {name}"] + smi.splitlines()
+        return f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"
     cpuinfo = Path("/proc/cpuinfo")
     found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
     cpu = found[0] if found else platform.processor() or platform.machine()
-    return [f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
-            f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes"]
+    return (f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
+            f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes")
 
 def launch_command(environ=os.environ):
     """The command that reproduces this run: the settings it set, then the launcher."""
     settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ) if name in ENV_NAMES]
     launcher = "python"
-    if "LOCAL_WORLD_SIZE" in environ:  # torchrun's; several nodes meet at a rendezvous on the first one
+    if "LOCAL_WORLD_SIZE" in environ:  # torchrun's
         per_node = environ["LOCAL_WORLD_SIZE"]
         nodes = int(environ["WORLD_SIZE"]) // int(per_node)
-        where = f"--nnodes={nodes} --rdzv_backend=c10d --rdzv_endpoint=<first node>:29500"
-        where = "--standalone" if nodes == 1 else where
+        where = "--standalone" if nodes == 1 else f"--nnodes={nodes} --rdzv_endpoint=<first node>"
         launcher = f"torchrun {where} --nproc_per_node={per_node}"
     return " ".join(settings + [f"{launcher} {Path(__file__).name}"])
 
