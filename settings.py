@@ -44,7 +44,8 @@ INSTEAD = dict(
     LOG_DIR="ARTIFACT_DIR",
     VAL_BATCH_TOKENS="VAL_BATCH_SIZE",
     GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
-    **dict.fromkeys(["QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
+    **dict.fromkeys(["TTT_LR", "TTT_MOMENTUM", "TTT_EPOCHS", "TTT_GRAD_CLIP", "TTT_CHUNK_TOKENS",
+                     "QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
                      "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR"]),
 )
 # Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
@@ -54,8 +55,9 @@ FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "S
 
 POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size",
             "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
-            "muon_backend_steps", "gptq_calib_seqs", "ttt_chunk_tokens", "lqer_rank")
-FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr")
+            "muon_backend_steps", "gptq_calib_seqs", "lqer_rank", "ttt_lora_rank", "ttt_chunk_size",
+            "ttt_batch_size")
+FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr", "ttt_beta1", "ttt_beta2")
 CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
                matrix_bits=(4, 5, 6, 7, 8), embed_bits=(4, 5, 6, 7, 8), sidecar_bytes=("check", "trust"),
                compressor=("zlib", "lzma", "brotli", "zpaq"))
@@ -97,6 +99,10 @@ def problems(hp):
         require(values[name] in allowed, f"{name.upper()}={values[name]!r} must be one of {allowed}")
     if found:  # the checks below assume sane values
         return found
+    if hp.run_id:
+        plain = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
+        require(plain, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no leading '.', at most 200 "
+                "characters)")
     head_dim = hp.model_dim // hp.num_heads
     require(hp.num_layers >= 2, f"NUM_LAYERS={hp.num_layers}: the U-Net pairs blocks: use 2+")
     require(hp.vocab_size <= 65_536, f"VOCAB_SIZE={hp.vocab_size}: shards hold 65536 ids")
@@ -118,6 +124,8 @@ def problems(hp):
     require(hp.ema_decay < 1.0, f"EMA_DECAY={hp.ema_decay}: below 1; 0 is off, 0.997 typical")
     window = hp.eval_seq_len or hp.train_seq_len
     require(hp.eval_stride <= window, f"EVAL_STRIDE={hp.eval_stride}: at most the eval window {window}")
+    if hp.ttt_enabled:  # a chunk is scored in one window
+        require(hp.ttt_chunk_size <= window, f"TTT_CHUNK_SIZE={hp.ttt_chunk_size}: at most the eval window {window}")
     if hp.compressor in ("brotli", "zpaq"):
         installed = importlib.util.find_spec(hp.compressor)
         require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")

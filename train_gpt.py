@@ -27,7 +27,7 @@ import traceback
 import uuid
 import zlib
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -118,13 +118,15 @@ class Hyperparameters:
     # evaluation and export
     eval_seq_len: int = 0  # the sliding window's length; 0: TRAIN_SEQ_LEN
     eval_stride: int = 0  # sliding evaluation: each window scores its last STRIDE tokens; 0: off
-    sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: TTT's alone (the same)
-    ttt_enabled: bool = False  # score-first test-time training after the round trip: the run's score
-    ttt_chunk_tokens: int = 32_768  # each chunk of the validation stream is scored, then trained on
-    ttt_lr: float = 0.002  # TTT's SGD learning rate, cosine-decayed over the chunks
-    ttt_momentum: float = 0.9  # TTT's SGD momentum
-    ttt_epochs: int = 1  # TTT steps per chunk, each on the whole chunk
-    ttt_grad_clip: float = 1.0  # TTT's gradient-norm clip; 0: off
+    sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: not when TTT scores the run
+    ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the run's score
+    ttt_lora_rank: int = 96  # rank of each document's adapters (q, k, v, attention and MLP outputs, head)
+    ttt_lora_lr: float = 0.0001  # their AdamW's LR
+    ttt_beta1: float = 0.0  # ... beta1
+    ttt_beta2: float = 0.999  # ... beta2
+    ttt_weight_decay: float = 1.0  # ... decoupled weight decay
+    ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of this many tokens
+    ttt_batch_size: int = 64  # documents adapted side by side (similar lengths, the longest first)
     matrix_bits: int = 8  # width of the block matrices' integers: 4 to 8 bits, a byte each
     embed_bits: int = 8  # ... of the token embedding's
     matrix_clip_sigmas: float = 0.0  # each row's clip at k of its stds; 0: the searched clip
@@ -154,7 +156,8 @@ class Hyperparameters:
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
         checks = settings_module()
         refused = checks.refused_names(environ, ENV_NAMES) if checks else []
-        require(not refused, "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
+        require(not refused,
+                "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
         hp = cls(**{f.name: parse_setting(f.name.upper(), environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
@@ -189,10 +192,8 @@ class Hyperparameters:
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
         batch = self.train_batch_tokens
         require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
-        require(self.val_batch_size >= per_micro, f"VAL_BATCH_SIZE={self.val_batch_size}: use at least {per_micro}")
-        rows = world_size * self.eval_window
-        chunk = self.ttt_chunk_tokens
-        require(chunk % rows == 0 or not self.ttt_enabled, f"TTT_CHUNK_TOKENS={chunk}: use a multiple of {rows}")
+        require(self.val_batch_size >= per_micro,
+                f"VAL_BATCH_SIZE={self.val_batch_size}: use at least {per_micro}")
 
 ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]
 
@@ -299,7 +300,8 @@ class Muon(torch.optim.Optimizer):
                     self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf = self.state[p]["momentum_buffer"].mul_(momentum).add_(p.grad)
                 if i % self.layout.world_size == self.layout.rank:
-                    views[i].copy_(self.update(p.grad.add(buf, alpha=momentum), group).flatten())  # Nesterov
+                    nesterov = p.grad.add(buf, alpha=momentum)
+                    views[i].copy_(self.update(nesterov, group).flatten())
             if self.layout.distributed:
                 dist.all_reduce(updates)  # summed
             for p, update in zip(params, views):
@@ -309,7 +311,8 @@ class Muon(torch.optim.Optimizer):
     def update(self, g, group):
         if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
-        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
+        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype,
+                               coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
 def build_optimizers(model, hp, layout):
@@ -340,8 +343,9 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 SHARD_HEADER_BYTES = 256 * 4  # 256 little-endian int32: magic, version, token count, zeros
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
-DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024 "
-             "TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py gets the challenge's")
+DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus "
+             "(DATA_PATH=./data/datasets/sotu_sp1024 TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); "
+             "data/download_challenge.py gets the challenge's")
 
 def shard_tokens(path, vocab_size=None):
     """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
@@ -360,8 +364,9 @@ def shard_tokens(path, vocab_size=None):
     tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
     if vocab_size is not None and num_tokens and int(tokens.max()) >= vocab_size:
         bad = int(np.argmax(tokens >= vocab_size))
-        raise ConfigError(f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: the "
-                          "shard was made with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to its own")
+        raise ConfigError(f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: "
+                          "the shard was made with another tokenizer; "
+                          "set TOKENIZER_PATH and VOCAB_SIZE to its own")
     return tokens
 
 def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
@@ -370,7 +375,8 @@ def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
     rank, world = share
     shards = [shard_tokens(f, vocab_size if i % world == rank else None) for i, f in enumerate(files)]
-    require(sum(map(len, shards)) > 0, f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
+    require(sum(map(len, shards)) > 0,
+            f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
     return shards
 
 def train_pattern(hp):
@@ -396,7 +402,8 @@ class DistributedTokenLoader:
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
     def next_batch(self, global_tokens, seq_len, grad_accum_steps) -> tuple[Tensor, Tensor]:
         span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
-        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
+        local = local.to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copies below are asynchronous and overlap compute
         x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
@@ -430,7 +437,8 @@ def read_pieces(path):
     if spec.get("tokenizer_type") != "pure_byte":
         raise ValueError(f"tokenizer_type {spec.get('tokenizer_type')!r} is not 'pure_byte'")
     offset = int(spec["config"]["byte_offset"])
-    pieces = [("byte" if 0 <= i - offset < 256 else "control", "") for i in range(int(spec["vocab_size"]))]
+    pieces = [("byte" if 0 <= i - offset < 256 else "control", "")
+              for i in range(int(spec["vocab_size"]))]
     def decode(ids):
         return bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
     return pieces, decode, ""
@@ -448,7 +456,8 @@ def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
             f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
     require(pieces[BOS_ID][0] == "control", f"{name}: id {BOS_ID} is not BOS; train it with bos_id=1")
     # its decoder would keep a space added after every document, which the bytes would count as text
-    require(not added.endswith(SPACE), f"{name} adds a space after every document (treat_whitespace_as_suffix)")
+    require(not added.endswith(SPACE),
+            f"{name} adds a space after every document (treat_whitespace_as_suffix)")
     piece_bytes = []
     for kind, piece in pieces:
         text_bytes = len(piece.encode("utf-8")) - 2 * piece.count(SPACE)
@@ -471,8 +480,9 @@ def token_bytes(tokens, tok):
 def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
     """Refuse, naming it, a document of share = (rank, world) not counted as the bytes of its text."""
     if (counted < 0).any():
-        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could "
-                          "not write, so its bytes are unknown; use a tokenizer trained with byte_fallback=True")
+        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, "
+                          "text the tokenizer could not write, so its bytes are unknown; "
+                          "use a tokenizer trained with byte_fallback=True")
     ids = tokens.numpy()
     sums = np.concatenate(([0], counted.numpy().cumsum()))
     starts = tok.no_text[tokens.long()].nonzero().flatten().tolist()
@@ -515,7 +525,8 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
         what += " (its byte sidecar; SIDECAR_BYTES=trust scores by it unchecked)"
     else:
         counted = token_bytes(tokens, tok)
-    require(len(counted) == len(tokens), f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
+    require(len(counted) == len(tokens),
+            f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
     if not (sidecar and hp.sidecar_bytes == "trust"):
         check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
     seq_len = hp.longest_seq_len
@@ -533,6 +544,16 @@ CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_w
 class CastedLinear(nn.Linear):  # fp32 weights for the optimizer; the matmul in the activations' dtype
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
+
+LORA_ALPHA = 144.0  # the field's: a TTT adapter of rank r adds alpha / r (x A^T) B^T
+
+def adapt(y, x, lora):
+    """y + alpha / r (x A^T) B^T: a per-document TTT adapter (A (D, r, in), B (D, out, r)) on x (D, T, in)."""
+    if lora is None:
+        return y
+    A, B = lora
+    down = x @ A.to(x.dtype).transpose(1, 2)  # (D, T, r)
+    return y + down @ B.to(x.dtype).transpose(1, 2) * (LORA_ALPHA / A.size(1))
 
 def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
@@ -572,12 +593,12 @@ class CausalSelfAttention(nn.Module):
         self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
         gate = nn.Parameter(torch.zeros(hp.num_heads, min(12, dim)))  # (H, 12)
         self.attn_gate = gate if hp.sparse_attn_gate_enabled else None
-    def forward(self, x):
+    def forward(self, x, lora=(None,) * 3):  # lora: per-document TTT's adapters of q, k, v
         B, T, C = x.shape
         heads = (-1, self.head_dim)
-        q = self.c_q(x).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
-        k = self.c_k(x).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.c_v(x).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        q = adapt(self.c_q(x), x, lora[0]).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
+        k = adapt(self.c_k(x), x, lora[1]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = adapt(self.c_v(x), x, lora[2]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
         cos = self.rope_cos[:, :, :T]
         sin = self.rope_sin[:, :, :T]
         q = rms_norm(q)  # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
@@ -625,14 +646,19 @@ class Block(nn.Module):
         self.lane_mix = nn.Parameter(torch.tensor([[1.1, 1.0, 1.0]] * 2)) if lanes else None
     def norm(self, x):
         return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
-    def forward(self, lanes, x0):  # lanes: [(B, T, C)], one or two
+    def forward(self, lanes, x0, lora):
+        """lanes: [(B, T, C)], one or two; lora: TTT's adapters (q, k, v, attention out, MLP out) on the normed
+        inputs, the last two added to the attention and MLP outputs (the field's)."""
         mix = self.resid_mix.to(x0.dtype)
         x = mix[0] * lanes[0] + mix[1] * x0
-        attn = self.attn_scale.to(x.dtype) * self.attn(self.norm(x))
+        n = self.norm(x)
+        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora[3])
         if self.lane_mix is None:
             x = x + attn
-            return [x + self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x))]
-        mlp = self.mlp_scale.to(x.dtype) * self.mlp(self.norm(lanes[1]))
+            n = self.norm(x)
+            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])]
+        n = self.norm(lanes[1])
+        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])
         w = self.lane_mix.to(x.dtype)  # (lanes, 3)
         return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
 
@@ -666,15 +692,18 @@ class GPT(nn.Module):
         first = list(range(hp.loop_end + 1))
         looped = list(range(hp.loop_start, hp.loop_end + 1)) * hp.num_loops
         self.looped_order = first + looped + list(range(hp.loop_end + 1, hp.num_layers))
-        self.looping = False  # an attribute: torch.compile guards on it (a second graph, primed in warmup)
+        # an attribute: torch.compile guards on it (a second graph, primed in warmup)
+        self.looping = False
         if hp.num_loops:  # saved with the weights, so a reloaded artifact runs its layers as trained
             self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
-            self.register_load_state_dict_post_hook(lambda module, _: module.set_looping(bool(module.loop_on)))
+            self.register_load_state_dict_post_hook(
+                lambda module, _: module.set_looping(bool(module.loop_on)))
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
         gates = nn.Parameter(torch.zeros_like(self.skip_weights))
         self.skip_gates = gates if hp.skip_gates_enabled else None
-        for block in self.blocks if hp.ortho_init else []:  # the field's init; output projections stay zero
+        # the field's init; output projections stay zero
+        for block in self.blocks if hp.ortho_init else []:
             for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
                 nn.init.orthogonal_(linear.weight)
         self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
@@ -697,10 +726,12 @@ class GPT(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return rms_norm(x)
-    def logits(self, idx):
+    def logits(self, idx, lora=None):
+        """(B, T, V); lora: per-document TTT's adapters, 5 for each layer as run, then the head's."""
         x0 = self.embed(idx)
         lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
         order = self.layer_order()
+        lora = lora or [None] * (5 * len(order) + 1)
         num_encoder = len(order) // 2
         skips = []
         for i, layer in enumerate(order):
@@ -708,11 +739,11 @@ class GPT(nn.Module):
                 lanes = [lanes[0], lanes[0]]
             if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder
                 lanes[0] = self.add_skip(lanes[0], i - num_encoder, skips.pop())
-            lanes = self.blocks[layer](lanes, x0)
+            lanes = self.blocks[layer](lanes, x0, lora[5 * i:5 * i + 5])
             if i < num_encoder:
                 skips.append(lanes_mean(lanes))
         x = self.final_norm(lanes_mean(lanes))
-        logits = F.linear(x, self.tok_emb.weight.to(x.dtype)).float()  # (B, T, V): the tied head
+        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora[-1]).float()  # the tied head
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
     def add_skip(self, x, k, skip):
         """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
@@ -720,9 +751,10 @@ class GPT(nn.Module):
         if self.skip_gates is None:
             return x + skip
         return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
-    def forward(self, idx, targets, reduction="mean"):
-        logits = self.logits(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+    def forward(self, idx, targets, reduction="mean", lora=None):
+        logits = self.logits(idx, lora)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                               reduction=reduction)
 
 # ---- EVALUATION ----
 def metrics(sums):
@@ -732,59 +764,112 @@ def metrics(sums):
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
 
 @torch.no_grad()
-def score(model, val, layout, seq_len, stride, span=None):
-    """Summed loss, tokens, bytes (over ranks) of span's targets: each once, by its window's last stride."""
+def score(model, val, layout, seq_len, stride):
+    """Summed loss, tokens, bytes (over ranks): every validation target once, by its window's last stride."""
     device = layout.device
-    start, stop = span or (0, val.tokens.numel() - 1)
-    ends = list(range(max(start + stride, seq_len), stop, stride)) + [stop]  # window k: ends[k-1]:ends[k]
-    scored = torch.tensor([ends[0] - start] + [b - a for a, b in zip(ends, ends[1:])], device=device)
-    first = len(ends) * layout.rank // layout.world_size
-    last = len(ends) * (layout.rank + 1) // layout.world_size
-    # one batch shape per window length, so one compiled graph: the last batch is padded with empty windows
+    stop = val.tokens.numel() - 1
+    ends = list(range(seq_len, stop, stride)) + [stop]  # each window's last target
+    counts = [b - a for a, b in zip([0] + ends, ends)]  # its targets: those after the window before
+    share = slice(len(ends) * layout.rank // layout.world_size,
+                  len(ends) * (layout.rank + 1) // layout.world_size)
     per_batch = max(1, val.batch_tokens // (layout.world_size * layout.grad_accum_steps) // seq_len)
+    # one batch shape, so one compiled graph: this rank's last batch is padded with windows scoring nothing
+    pad = -len(ends[share]) % per_batch
+    ends = ends[share] + ends[share][-1:] * pad
+    counts = torch.tensor(counts[share] + [0] * pad, device=device)
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, bytes
-    for i in range(first, last, per_batch):
-        batch = [min(k, last - 1) for k in range(i, i + per_batch)]
-        windows = torch.stack([val.tokens[ends[k] - seq_len:ends[k] + 1] for k in batch])  # (B, T + 1)
+    for i in range(0, len(ends), per_batch):
+        # (B, T + 1)
+        windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in ends[i:i + per_batch]])
+        num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in ends[i:i + per_batch]])
+        mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]  # (B, T)
         windows = windows.to(device, torch.int64)
-        num_bytes = torch.stack([val.bytes[ends[k] - seq_len + 1:ends[k] + 1] for k in batch])
-        ks = torch.arange(i, i + per_batch, device=device)
-        num_scored = torch.where(ks < last, scored[ks.clamp(max=last - 1)], 0)  # no host sync
-        mask = torch.arange(seq_len, device=device) >= seq_len - num_scored[:, None]  # (B, T)
         with autocast(layout):
-            losses = model(windows[:, :-1], windows[:, 1:], reduction="none").detach().view_as(mask).double()
-        sums += torch.stack([torch.where(mask, losses, 0.0).sum(), mask.sum(), (num_bytes * mask).sum()])
+            losses = model(windows[:, :-1], windows[:, 1:], reduction="none")
+        losses = losses.detach().view_as(mask).double()
+        sums += torch.stack([torch.where(mask, losses, 0.0).sum(), mask.sum(),
+                             (num_bytes * mask).sum()])
     if layout.distributed:
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        dist.all_reduce(sums)
     return sums.cpu()
 
-def test_time_train(run):
-    """Score-first TTT: each chunk is scored, then trained on; returns the sums per chunk (chunks, 3)."""
-    hp = run.hp
-    seq_len, stride = hp.windows(hp.eval_stride > 0)
-    tokens = run.val.tokens
-    num_targets = tokens.numel() - 1
-    bounds = list(range(0, num_targets, hp.ttt_chunk_tokens)) + [num_targets]
-    groups = [dict(params=list(run.model.parameters()), base_lr=hp.ttt_lr)]
-    sgd = torch.optim.SGD(groups, lr=hp.ttt_lr, momentum=hp.ttt_momentum)
-    sums = []
-    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        sums.append(score(run.scorer, run.val, run.layout, seq_len, stride, (a, b)))
-        if b == num_targets:
-            break  # the last chunk: scored, not trained on
-        # the LR decays over the chunks trained on
-        cosine = 0.5 * (1.0 + math.cos(math.pi * c / max(len(bounds) - 2, 1)))
-        rows = rank_rows(tokens[a:b + 1], hp.eval_window, run.layout)
-        for _ in range(hp.ttt_epochs):
-            train_step(run.trainer, [rows], [sgd], cosine, hp.ttt_grad_clip, run.layout)
-    return torch.stack(sums)
+def document_spans(tokens):
+    """[(first, end)) of each document's targets: a BOS starts one; its last token predicts the next BOS."""
+    starts = (tokens[1:-1] == BOS_ID).nonzero().flatten().add(1).tolist()
+    bounds = [0] + starts + [tokens.numel() - 1]
+    return [(a + 1, b + 1) for a, b in zip(bounds, bounds[1:])]
 
-def rank_rows(tokens, seq_len, layout):
-    """This rank's contiguous block of the rows (x, y) of tokens split evenly over the ranks (+1 target)."""
-    tokens = tokens.to(layout.device, torch.int64)
-    x = tokens[:-1].view(layout.world_size, -1, seq_len)[layout.rank]  # (B, T)
-    y = tokens[1:].view(layout.world_size, -1, seq_len)[layout.rank]
-    return x, y
+def lora_ttt(run):
+    """Score-first per-document LoRA TTT (the field's) on run.val: documents in groups of similar length, the
+    longest first, the ranks taking turns. Returns the sums of loss, tokens and bytes."""
+    hp, layout = run.hp, run.layout
+    val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)  # read row by row
+    spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
+    groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
+    torch.manual_seed(hp.seed)  # the adapters' A
+    lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+    sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
+    for group in groups[layout.rank::layout.world_size]:
+        sums += ttt_group(run, val, group, lora)
+    if layout.distributed:
+        dist.all_reduce(sums)
+    return sums.cpu()
+
+def new_adapters(model, hp, rows, device):
+    """[(A, B)] of `rows` documents, 5 for each layer as run (q, k, v, attention out, MLP out), then the head's:
+    A uniform (nn.Linear's init), B zero, so that the model starts as it is."""
+    dim = model.tok_emb.embedding_dim
+    kv_dim = model.blocks[0].attn.c_k.out_features
+    outputs = [dim, kv_dim, kv_dim, dim, dim] * len(model.layer_order())
+    outputs.append(model.tok_emb.num_embeddings)
+    lora = []
+    for out in outputs:
+        A = torch.rand(rows, hp.ttt_lora_rank, dim, device=device)
+        B = torch.zeros(rows, out, hp.ttt_lora_rank, device=device)
+        lora.append((((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()))
+    return lora
+
+def ttt_group(run, val, spans, lora):
+    """Documents side by side, chunk by chunk: a chunk is scored in a window of its document ending at it, then
+    its adapters take an AdamW step on it (not on the last). B and AdamW start anew; A carries over."""
+    hp, layout = run.hp, run.layout
+    for A, B in lora:
+        B.detach().zero_()
+    params = [t for pair in lora for t in pair]
+    adamw = torch.optim.AdamW(params, hp.ttt_lora_lr, (hp.ttt_beta1, hp.ttt_beta2), 1e-10, hp.ttt_weight_decay,
+                              fused=layout.cuda)
+    run.model.requires_grad_(False)
+    sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
+    size = hp.ttt_chunk_size
+    for lo in range(0, max(b - a for a, b in spans), size):  # each document's targets a + lo onwards
+        window = min(lo + size, hp.eval_window)
+        # compiled: every row, one shape; eager: the documents not yet done (the longest come first)
+        rows = len(lora[0][0]) if layout.use_compile else sum(lo < b - a for a, b in spans)
+        tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
+        counted = torch.full((rows, window), -1)  # each scored target's bytes; -1: not scored
+        trained = torch.zeros(rows)
+        for row, (a, b) in enumerate(spans[:rows]):
+            end = min(a + lo + size, b)  # past the chunk's last target (a done document: no target)
+            # the window's first input: the document's, at most `window` before the chunk's end
+            start = max(a - 1, end - 1 - window)
+            tokens[row, :end - start] = val.tokens[start:end]
+            counted[row, a + lo - 1 - start:end - 1 - start] = val.bytes[a + lo:end]
+            trained[row] = end < b
+        tokens, counted, trained = (t.to(layout.device) for t in (tokens, counted, trained))
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        torch._dynamo.mark_dynamic(x, 1)  # one compiled graph for every window
+        torch._dynamo.mark_dynamic(y, 1)
+        scored = counted >= 0
+        cut = [(A[:rows], B[:rows]) for A, B in lora]
+        with autocast(layout):
+            losses = torch.where(scored, run.scorer(x, y, "none", cut).view_as(scored), 0.0)
+        sums += torch.stack([losses.detach().double().sum(), scored.sum(), (counted * scored).sum()])
+        means = losses.sum(1) / scored.sum(1).clamp(min=1)  # each document's mean over its chunk
+        (means * trained).sum().backward()
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+    run.model.requires_grad_(True)
+    return sums
 
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
 # Tensors up to this size stay in float: at width 256 the attention matrices (32k-65k) are quantized too.
@@ -955,8 +1040,8 @@ def calibrate(run, loader):
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
     # the ranks split what one process would read, so they see the same rows
-    tokens = loader.take(seqs * layout.world_size * hp.train_seq_len + 1)
-    x = rank_rows(tokens, hp.train_seq_len, layout)[0]
+    tokens = loader.take(seqs * layout.world_size * hp.train_seq_len).to(layout.device, torch.int64)
+    x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]  # this rank's rows
     modules = {f"{name}.weight": m for name, m in model.named_modules()
                if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
     modules["tok_emb.weight"] = model.final_norm
@@ -1014,10 +1099,8 @@ def final_passes(run):
         line = f"final_{hp.export_tag}_{name}"
         synchronize(layout.device)
         t0 = time.perf_counter()
-        if name == "ttt":
-            sums = test_time_train(run).sum(0)
-        else:
-            sums = score(run.scorer, run.val, layout, *hp.windows(name == "sliding_window"))
+        windows = hp.windows(name == "sliding_window")
+        sums = lora_ttt(run) if name == "ttt" else score(run.scorer, run.val, layout, *windows)
         val_loss, val_bpb = metrics(sums)
         synchronize(layout.device)
         times_ms[name] = ms_since(t0)
@@ -1112,15 +1195,16 @@ def warmup(run, optimizers):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
     if layout.use_compile:  # the final passes' graphs in each phase a run may end in, a window per rank
         window = layout.world_size * hp.longest_seq_len
-        tokens = torch.randint(hp.vocab_size, (max(window, hp.ttt_chunk_tokens) + 1,), device=layout.device)
-        noise = Validation(tokens[:window + 1].int(), torch.zeros_like(tokens[:window + 1]), hp.val_batch_size)
+        tokens = torch.randint(hp.vocab_size, (window + 1,), device=layout.device, dtype=torch.int32)
+        noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
         for phase in phases:
             model.set_looping(phase)
             for sliding in {False, hp.eval_stride > 0}:
                 score(run.scorer, noise, layout, *hp.windows(sliding))
-            if hp.ttt_enabled:
-                rows = rank_rows(tokens[:hp.ttt_chunk_tokens + 1].int(), hp.eval_window, layout)
-                train_step(run.trainer, [rows], [], 0.0, 0.0, layout)
+            if hp.ttt_enabled:  # a group of documents for every rank, each as long as the eval window
+                docs = torch.randint(2, hp.vocab_size, (layout.world_size * hp.ttt_batch_size * hp.eval_window + 1,))
+                docs[::hp.eval_window] = BOS_ID
+                lora_ttt(replace(run, val=Validation(docs, torch.zeros_like(docs), 0)))
         model.zero_grad(set_to_none=True)
         run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
     for target, state in zip([model] + optimizers, initial):
@@ -1298,9 +1382,6 @@ def setup(environ=os.environ) -> Run:
     head_dim = hp.model_dim // hp.num_heads
     if layout.cuda and layout.use_bf16:
         require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
-    name_ok = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
-    require(name_ok or not hp.run_id, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no "
-            "leading '.', at most 200 characters)")
     for name in ("artifact_dir", "checkpoint_dir"):
         folder = Path(getattr(hp, name))
         existing = next(p for p in (folder, *folder.parents) if p.exists())

@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py              # on a machine with one or more CUDA GPUs
     python bench/gpu_check.py --dry-run    # anywhere: the same runs at tiny shapes on the CPU (CI runs it)
+    python bench/gpu_check.py --parts tests,lora   # some of them (all take more than 8 minutes on one H100)
 
 It needs the offline corpus's shards (python data/build_sotu.py --variant sp1024 sp8192), which is all a
 GPU machine that reaches nothing needs to have with it. Every figure comes from train_gpt.py's own log lines:
@@ -19,6 +20,8 @@ GPU machine that reaches nothing needs to have with it. Every figure comes from 
   pass compiled inside its timer (must be 0);
 - one record-shape attention layer, forward and backward: SDPA's flash kernel (as train_gpt.py runs it) and
   FlashAttention 4 behind it where pip's flash-attn-4 runs (issue 28: whether train_gpt.py should switch it on);
+- per-document LoRA TTT at the record shape: one group of TTT_BATCH_SIZE documents as long as the eval window,
+  compiled, then timed: ms per group, token positions per second, MFU, and the graphs compiled while timed;
 - two identical short runs, which must agree bit for bit, and the compiled-graph counts after warmup and
   at the run's exit, which must be equal: warmup compiles every graph of the training phases and the final
   passes (which also report the graphs compiled inside their timers).
@@ -43,6 +46,7 @@ from flops import count_flops_per_token, peak_flops
 from run_files import ROOT, tg  # puts the repository's root on sys.path
 from data.shards import read_datafile, write_datafile  # noqa: E402
 
+PARTS = ("tests", "default", "record", "attention", "lora", "twin")
 REFERENCE_MS_8XH100 = 43.5  # the challenge's baseline, 9x512 sp1024, one micro-step per GPU
 FULL_VAL_TOKENS = 40_540_160  # sp8192 validation tokens in the field's logs
 # The record track's shape (README, "The record track"), evaluated and exported as it will be.
@@ -54,14 +58,15 @@ RECORD = dict(
     TRAIN_SEQ_LEN=2048, TRAIN_BATCH_TOKENS=786432, GRAD_ACCUM_STEPS=16,
     MATRIX_BITS=6, EMBED_BITS=7, ATTN_CLIP_SIGMAS=13, MLP_CLIP_SIGMAS=11.5, EMBED_CLIP_SIGMAS=14,
     GPTQ=1, COMPRESSOR="brotli", EMA_DECAY=0.9965,
-    EVAL_STRIDE=64, TTT_ENABLED=1, TTT_LR=0.005, TTT_EPOCHS=3, SLIDING_WINDOW_ENABLED=1,
+    EVAL_STRIDE=64, TTT_ENABLED=1, TTT_LORA_RANK=80, TTT_CHUNK_SIZE=48, TTT_BETA2=0.99, TTT_WEIGHT_DECAY=0.5,
+    SLIDING_WINDOW_ENABLED=1,
 )
 # The shapes of the CPU dry run: the same settings and passes, small enough for seconds.
 TINY = dict(
     VOCAB_SIZE=1024, NUM_LAYERS=5, MODEL_DIM=128, NUM_HEADS=4, NUM_KV_HEADS=2, MLP_MULT=2,
     LOOP_START=1, LOOP_END=2, NUM_LOOPS=1, PARALLEL_START_LAYER=3, XSA_LAST_N=5,
     TRAIN_SEQ_LEN=64, TRAIN_BATCH_TOKENS=2048, GRAD_ACCUM_STEPS=4,
-    TTT_CHUNK_TOKENS=512, VAL_BATCH_SIZE=2048, EVAL_STRIDE=16,
+    TTT_LORA_RANK=4, TTT_CHUNK_SIZE=16, TTT_BATCH_SIZE=4, VAL_BATCH_SIZE=2048, EVAL_STRIDE=16,
 )
 
 STEP = re.compile(r"^step:(\d+)/\d+ train_loss:\S+ train_time:(\d+)ms step_avg:\S+ tok/s:\d+", re.M)
@@ -168,50 +173,17 @@ def attention_rows(report: dict, rows: list, dry_run: bool) -> None:
     rows.append((f"attention, {seqs}x{seq_len} tokens, one layer fwd+bwd (ms)", shown, "FA4 below flash"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true",
-                        help="tiny shapes on the CPU: the same runs and table")
-    parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    parser.add_argument("--data-dir", type=Path, default=ROOT / "data",
-                        help="holds datasets/ and tokenizers/")
-    parser.add_argument("--sp1024", type=Path, help="default: DATA_DIR/datasets/sotu_sp1024")
-    parser.add_argument("--sp8192", type=Path, help="default: DATA_DIR/datasets/sotu_sp8192")
-    parser.add_argument("--steps", type=int, default=60,
-                        help="timed steps of the default shape (after 20 of warmup)")
-    parser.add_argument("--val-tokens", type=int, default=262_144,
-                        help="validation slice for the record-shape passes")
-    args = parser.parse_args()
-    args.sp1024 = args.sp1024 or args.data_dir / "datasets/sotu_sp1024"
-    args.sp8192 = args.sp8192 or args.data_dir / "datasets/sotu_sp8192"
-
-    gpus = 0 if args.dry_run else torch.cuda.device_count()
-    if not gpus and not args.dry_run:
-        sys.exit("gpu_check: no CUDA GPU is visible; run with --dry-run for the CPU rehearsal")
-    base = dict(DEVICE="cuda")
-    if args.dry_run:
-        base = dict(DEVICE="cpu", COMPILE=1, BF16=0)
-    tok = {v: args.data_dir / f"tokenizers/sotu_{v}_bpe.model" for v in (1024, 8192)}
-    needed = [args.sp1024, tok[1024]]
-    if not args.dry_run:
-        needed += [args.sp8192, tok[8192]]
-    for path in needed:
-        if not path.exists():
-            sys.exit(f"gpu_check: {path} is missing: python data/build_sotu.py --variant sp1024 sp8192")
-    device = torch.cuda.get_device_name(0) if gpus else "cpu (dry run)"
-    report = {"device": device, "gpus": gpus}
-    rows = []
-    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    t_start = time.time()
-
-    # 1. the CUDA-only tests
+def tests_rows(report: dict, rows: list) -> None:
+    """The CUDA-only tests."""
     pytest = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests"]
     tests = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True)
     summary = (tests.stdout.strip().splitlines() or ["no output"])[-1]
     report["cuda_tests"] = {"exit": tests.returncode, "summary": summary}
     rows.append(("CUDA-only tests (pytest -m cuda)", summary, "all pass; skipped without a GPU"))
 
-    # 2. the default shape on one GPU
+
+def default_rows(report: dict, rows: list, args, base: dict, tok: dict, work: Path) -> None:
+    """The default shape on one GPU."""
     sp1024 = args.sp1024
     steps = args.steps
     if args.dry_run:
@@ -223,11 +195,10 @@ def main() -> None:
         default.update(NUM_LAYERS=2, MODEL_DIM=64, TRAIN_SEQ_LEN=64, TRAIN_BATCH_TOKENS=2048,
                        VAL_BATCH_SIZE=2048, WARMUP_STEPS=2, ITERATIONS=steps + 2)
     text = run(default, work)
-    default_text = text
     ms = step_ms(text, 3 if args.dry_run else 21, 10**9)
     tokens_per_s = number(r"tok/s:(\d+)", text)
     per_token = flops_per_token(default)
-    peak = peak_flops(device)
+    peak = peak_flops(report["device"])
     mfu = 100 * per_token * tokens_per_s / peak if peak else None  # one GPU
     report["default"] = {"ms_per_step": ms, "tokens_per_s": tokens_per_s, "flops_per_token": per_token,
                          "mfu_pct": mfu, "peak_mib": number(PEAK_MIB, text)}
@@ -237,8 +208,12 @@ def main() -> None:
     rows.append(("default: tokens/s, MFU, peak memory",
                  f"{tokens_per_s:.0f}, {mfu_text}, {report['default']['peak_mib'] or '-'} MiB",
                  "baseline: ~10 GiB"))
+    report["default_run"] = (default, text)
 
-    # 3 and 4. the record shape: step time around the loop switch, then every timed pass on a validation slice
+
+def record_rows(report: dict, rows: list, args, base: dict, tok: dict, work: Path, gpus: int) -> None:
+    """The record shape: step time around the loop switch, then every timed pass on a validation slice."""
+    sp1024 = tiny_valset(args.sp1024, work / "sp1024_slice", 4096) if args.dry_run else args.sp1024
     record = dict(base, **RECORD)
     if args.dry_run:
         record.update(TINY, DATA_PATH=sp1024, TOKENIZER_PATH=tok[1024], GPTQ_CALIB_SEQS=4, ITERATIONS=6)
@@ -297,14 +272,107 @@ def main() -> None:
     rows.append(("graphs after warmup / at exit", " / ".join(map(str, counts)),
                  "equal: warmup compiles every graph training and the final passes use"))
 
-    # 5. attention's kernels at the record shape
-    attention_rows(report, rows, args.dry_run)
 
-    # 6. two identical runs agree bit for bit: the default run, once more
+
+def lora_rows(report: dict, rows: list, dry_run: bool) -> None:
+    """Per-document LoRA TTT at the record shape: one group of documents as long as the eval window, compiled as
+    train_gpt.py compiles it (a first pass), then timed; its FLOPs are 2 forwards per token position."""
+    cuda = not dry_run
+    shape = dict({k.lower(): v for k, v in RECORD.items()}, **({} if cuda else {k.lower(): v for k, v in TINY.items()}))
+    hp = tg.Hyperparameters(**shape)
+    layout = tg.Layout(device=torch.device("cuda" if cuda else "cpu"), use_compile=True, use_bf16=cuda)
+    torch.manual_seed(0)
+    model = tg.GPT(hp).to(layout.device)
+    model.set_looping(bool(hp.num_loops))
+    scorer = torch.compile(model, dynamic=False, fullgraph=True, **({} if cuda else {"backend": "eager"}))
+    tokens = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size * hp.eval_window + 1,), dtype=torch.int32)
+    tokens[::hp.eval_window] = tg.BOS_ID
+    val = tg.Validation(tokens, torch.ones_like(tokens), hp.val_batch_size)
+    run = tg.Run(hp, layout, val, b"", model=model, scorer=scorer, trainer=scorer)
+    t0 = time.perf_counter()
+    tg.lora_ttt(run)
+    compile_s = time.perf_counter() - t0
+    graphs = tg.compiled_graphs()
+    tg.synchronize(layout.device)
+    t0 = time.perf_counter()
+    tg.lora_ttt(run)
+    tg.synchronize(layout.device)
+    ms = tg.ms_since(t0)
+    chunks = range(-(-(hp.eval_window - 1) // hp.ttt_chunk_size))
+    positions = hp.ttt_batch_size * sum(min((c + 1) * hp.ttt_chunk_size, hp.eval_window) for c in chunks)
+    forward = count_flops_per_token(model, hp) / 3  # after the loop switch
+    peak = peak_flops(report["device"])
+    mfu = 100 * 2 * forward * positions / (ms / 1000) / peak if peak else None
+    report["lora"] = {"ms_per_group": ms, "first_pass_s": compile_s, "positions": positions,
+                      "positions_per_s": positions / (ms / 1000), "mfu_pct": mfu,
+                      "graphs_compiled_timed": tg.compiled_graphs() - graphs}
+    rows.append((f"LoRA TTT, {hp.ttt_batch_size} documents of {hp.eval_window}: ms per group (first pass s), MFU",
+                 f"{ms:.0f} ({compile_s:.0f}), {mfu:.1f}%" if mfu else f"{ms:.0f} ({compile_s:.0f})",
+                 f"graphs compiled while timed: {report['lora']['graphs_compiled_timed']} (must be 0)"))
+
+
+def twin_rows(report: dict, rows: list, work: Path) -> None:
+    """Two identical runs agree bit for bit: the default run, once more."""
+    default, default_text = report.pop("default_run")
     twin_text = run(dict(default, RUN_ID="twin"), work)
     finals = [re.findall(r"^final_\w+_exact .*$", t, re.M) for t in (default_text, twin_text)]
     report["bitwise"] = finals[0] == finals[1] and bool(finals[0])
     rows.append(("two identical runs: same final val_loss bit for bit", str(report["bitwise"]), "True"))
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tiny shapes on the CPU: the same runs and table")
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data",
+                        help="holds datasets/ and tokenizers/")
+    parser.add_argument("--sp1024", type=Path, help="default: DATA_DIR/datasets/sotu_sp1024")
+    parser.add_argument("--sp8192", type=Path, help="default: DATA_DIR/datasets/sotu_sp8192")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="timed steps of the default shape (after 20 of warmup)")
+    parser.add_argument("--val-tokens", type=int, default=262_144,
+                        help="validation slice for the record-shape passes")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"which checks, of {','.join(PARTS)}")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        sys.exit(f"gpu_check: --parts {args.parts}: choose from {','.join(PARTS)}")
+    args.sp1024 = args.sp1024 or args.data_dir / "datasets/sotu_sp1024"
+    args.sp8192 = args.sp8192 or args.data_dir / "datasets/sotu_sp8192"
+
+    gpus = 0 if args.dry_run else torch.cuda.device_count()
+    if not gpus and not args.dry_run:
+        sys.exit("gpu_check: no CUDA GPU is visible; run with --dry-run for the CPU rehearsal")
+    base = dict(DEVICE="cuda")
+    if args.dry_run:
+        base = dict(DEVICE="cpu", COMPILE=1, BF16=0)
+    tok = {v: args.data_dir / f"tokenizers/sotu_{v}_bpe.model" for v in (1024, 8192)}
+    needed = [args.sp1024, tok[1024]]
+    if not args.dry_run:
+        needed += [args.sp8192, tok[8192]]
+    for path in needed:
+        if not path.exists():
+            sys.exit(f"gpu_check: {path} is missing: python data/build_sotu.py --variant sp1024 sp8192")
+    device = torch.cuda.get_device_name(0) if gpus else "cpu (dry run)"
+    report = {"device": device, "gpus": gpus}
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    t_start = time.time()
+
+    if "tests" in parts:
+        tests_rows(report, rows)
+    if "default" in parts or "twin" in parts:
+        default_rows(report, rows, args, base, tok, work)
+    if "record" in parts:
+        record_rows(report, rows, args, base, tok, work, gpus)
+    if "attention" in parts:
+        attention_rows(report, rows, args.dry_run)
+    if "lora" in parts:
+        lora_rows(report, rows, args.dry_run)
+    if "twin" in parts:
+        twin_rows(report, rows, work)
 
     report["rows"] = rows
     report["wall_s"] = time.time() - t_start

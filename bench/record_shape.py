@@ -11,7 +11,10 @@ The settings come from the environment, as for train_gpt.py (and are validated t
   the wallclock budget (MAX_WALLCLOCK_SECONDS less GPTQ_RESERVE_SECONDS; looped from ENABLE_LOOPING_AT of
   it);
 - the evaluation's forward-equivalents per validation token (round trip 1; sliding EVAL_SEQ_LEN/EVAL_STRIDE;
-  TTT the sliding scoring + 3 per epoch for training) and their seconds at each --mfu;
+  per-document LoRA TTT 2 per token position it runs, a forward and the backward to the adapters, the
+  positions counted on FineWeb's document lengths as the field's logs give them, bench/fineweb_val_doc_lengths.json,
+  every row of a group of TTT_BATCH_SIZE running until its longest document ends, as compiled) and their
+  seconds at each --mfu;
 - the artifact's bytes: train_gpt.save_artifact on the model with every quantized matrix drawn from a
   normal distribution (a trained matrix's rows are close to normal: README, "The record track"), plus
   this train_gpt.py's bytes (packed by records/packing.py with PACK_CODE=1), against the 16,000,000 cap;
@@ -21,9 +24,11 @@ The settings come from the environment, as for train_gpt.py (and are validated t
 """
 
 import argparse
+import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from flops import count_flops_per_token, peak_flops
@@ -69,8 +74,7 @@ def main() -> None:
     if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):
         forwards["sliding"] = window / hp.eval_stride
     if hp.ttt_enabled:
-        scoring = window / hp.eval_stride if hp.eval_stride else 1.0
-        forwards["TTT"] = scoring + 3.0 * hp.ttt_epochs
+        forwards["TTT"] = 2.0 * lora_positions(hp) / LENGTHS["tokens"]
     forward_flops = per_token[-1] / 3.0  # a forward is a third of a trained token's 6 per weight
     eval_flops = sum(forwards.values()) * args.val_tokens * forward_flops
     passes = ", ".join(f"{name} {n:g} forwards" for name, n in forwards.items())
@@ -105,6 +109,25 @@ def main() -> None:
     print(f"artifact (normal weights): {len(blob):,} bytes int{hp.matrix_bits}+{hp.compressor} "
           f"({len(blob) / params:.3f} per parameter) + code {code:,}{packed} = {total:,} bytes, "
           f"{verdict}{kept}")
+
+
+LENGTHS = json.loads((Path(__file__).with_name("fineweb_val_doc_lengths.json")).read_text())
+
+
+def lora_positions(hp: tg.Hyperparameters) -> float:
+    """Token positions lora_ttt() runs on FineWeb's validation documents, compiled: each group's rows (documents
+    sorted by length) chunk by chunk until its longest ends, chunk c in a window of min((c + 1) x TTT_CHUNK_SIZE,
+    the eval window). Lengths between the batches the field's logs name are interpolated, and a group's longest
+    is read off the field's batches of 64 (an overestimate: 9.6% more tokens than the split has)."""
+    known = np.array(LENGTHS["batches"], dtype=float)
+    batches = -(-LENGTHS["documents"] // LENGTHS["batch_size"])
+    longest = np.interp(np.arange(1, batches + 1), known[:, 0], known[:, 2])  # each field batch's longest
+    per_group = max(1, hp.ttt_batch_size // LENGTHS["batch_size"])
+    positions = 0.0
+    for length in longest[per_group - 1::per_group]:
+        chunks = np.arange(int(np.ceil((length - 1) / hp.ttt_chunk_size)))
+        positions += hp.ttt_batch_size * np.minimum((chunks + 1) * hp.ttt_chunk_size, hp.eval_window).sum()
+    return positions
 
 
 def saved_for_backward(model: tg.GPT, hp: tg.Hyperparameters, gpus: int) -> None:

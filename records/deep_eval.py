@@ -4,7 +4,7 @@ The record's script is imported from its bytes (its top level has no side effect
 loaded and evaluated by exactly the code that produced the claim. It needs from that script:
 Hyperparameters (a dataclass), GPT(hp), load_artifact(path) -> state dict, Layout(...), metrics(sums) ->
 (val_loss, val_bpb) of score(model, val_tokens, luts, hp, layout[, sliding]) (older scripts: evaluate(...) ->
-(val_loss, val_bpb)) or of test_time_train(...)'s per-chunk sums, and either load_tokenizer(path, vocab_size) and
+(val_loss, val_bpb)) or of test_time_train(...)'s per-chunk sums or lora_ttt(run)'s sums, and either load_tokenizer(path, vocab_size) and
 load_validation(data_path or pattern, seq_len, tokenizer) -> (val_tokens, bytes per position), or (older scripts)
 load_tokenizer_luts(path, vocab_size) and load_validation_tokens(pattern, seq_len).
 """
@@ -39,7 +39,7 @@ def evaluate_artifact(code: tuple[bytes, str], model_path, hyperparameters: dict
     (source bytes, file name): the folder's train_gpt.py, or for a packed one the logged source it packs;
     on CPU with the run's thread count (more threads than cores crawl on a busy machine).
     mode "sliding" re-scores the sliding-window line, with a script whose evaluate() has that option;
-    "ttt" re-runs score-first test-time training, with a script that has test_time_train()."""
+    "ttt" re-runs score-first test-time training, with a script that has test_time_train() or lora_ttt()."""
     try:
         mod = import_source(*code)
     except ImportError as e:
@@ -60,8 +60,8 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     new = hasattr(mod, "Validation")  # scripts since 2026-11-25 score sliding windows and run TTT
     if not new and mode == "sliding" and "sliding" not in inspect.signature(getattr(mod, "evaluate", mod.score)).parameters:
         raise DeepCheckUnavailable("the record's evaluate() has no sliding-window option")
-    if mode == "ttt" and not hasattr(mod, "test_time_train"):
-        raise DeepCheckUnavailable("the record's script has no test_time_train()")
+    if mode == "ttt" and not (hasattr(mod, "test_time_train") or hasattr(mod, "lora_ttt")):
+        raise DeepCheckUnavailable("the record's script has neither test_time_train() nor lora_ttt()")
 
     names = {f.name for f in dataclasses.fields(mod.Hyperparameters)}
     hp = mod.Hyperparameters(**{k: v for k, v in hyperparameters.items() if k in names})
@@ -108,6 +108,8 @@ def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: 
     model = mod.GPT(hp).to(device)
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
     run = mod.Run(hp, layout, val, b"", model=model, scorer=model, trainer=model)
+    if mode == "ttt" and hasattr(mod, "lora_ttt"):  # scripts since 2026-11-26: per-document LoRA TTT
+        return mod.metrics(mod.lora_ttt(run))
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(run).sum(0))
     return mod.metrics(mod.score(model, val, layout, *hp.windows(mode == "sliding")))

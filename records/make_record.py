@@ -216,9 +216,18 @@ def ttt_sentence(run) -> str:
     ran_ttt = any("_ttt" in name for name in run.finals)
     if not (run.setting("ttt_enabled") or ran_ttt):
         return "No test-time training: the exported model is scored as it is."
+    flag = "TTT_ENABLED" if "ttt_enabled" in run.hyperparameters else "TTT"
+    size = run.setting("ttt_chunk_size")
+    if size is not None:  # scripts since 2026-11-26: per-document LoRA TTT
+        phases = run.setting("phased_ttt_num_phases") if run.setting("phased_ttt_enabled") else 0
+        global_sgd = (f"; after each of {phases} global phases the base weights take SGD on the documents "
+                      "already scored" if phases else "")
+        return (f"Test-time training (`{flag}=1`) is score-first and per document: each document is cut into "
+                f"chunks of {size} tokens, each chunk is scored before the document's own rank-"
+                f"{run.setting('ttt_lora_rank')} adapters train on it, in one pass, and a document's last chunk is "
+                f"only scored{global_sgd}.")
     chunk = run.setting("ttt_chunk_tokens")
     chunks = "chunks" if chunk is None else f"chunks of {chunk:,} tokens"
-    flag = "TTT_ENABLED" if "ttt_enabled" in run.hyperparameters else "TTT"
     return (f"Test-time training (`{flag}=1`) is score-first: the validation stream is "
             f"cut into {chunks}, each chunk is scored before the model trains on it, in "
             f"one pass, and the last chunk is only scored.")

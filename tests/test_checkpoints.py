@@ -59,8 +59,9 @@ LONG_RUN = dict(
     MATRIX_BITS="6",
     VAL_LOSS_EVERY="10",
     TTT_ENABLED="1",
-    TTT_CHUNK_TOKENS="2048",
-    TTT_LR="0.01",
+    TTT_LORA_RANK="4",
+    TTT_CHUNK_SIZE="64",
+    TTT_LORA_LR="0.001",
     **EVERY_TECHNIQUE,
 )
 

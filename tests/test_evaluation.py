@@ -1,6 +1,6 @@
 """Evaluation: score() in plain and sliding windows (every target once, ranks sharing the windows),
-which final passes a run makes, and score-first test-time training (TTT_ENABLED=1), legal by
-construction and exact where it must be."""
+which final passes a run makes, and score-first test-time training (TTT_ENABLED=1: per-document LoRA
+TTT), legal by construction and exact where it must be."""
 
 import copy
 import dataclasses
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train_gpt as tg
-from conftest import VAL_BATCH, random_model, run_trainer, tiny_hp
+from conftest import VAL_BATCH, all_on_hp, random_model, run_trainer, tiny_hp
 
 
 def cpu_layout(**overrides) -> tg.Layout:
@@ -112,8 +112,8 @@ def test_two_ranks_share_the_windows_and_each_scored_token_has_its_context(
 
 
 def test_sliding_window_enabled_0_leaves_the_sliding_score_to_ttt(tiny_data, tmp_path):
-    env = tiny_data.env(RUN_ID="ttt_only", ITERATIONS="4", EVAL_STRIDE="32", TTT_ENABLED="1",
-                        TTT_CHUNK_TOKENS="4096", SLIDING_WINDOW_ENABLED="0")
+    env = tiny_data.env(RUN_ID="ttt_only", ITERATIONS="4", EVAL_STRIDE="32", TTT_ENABLED="1", TTT_LORA_RANK="4",
+                        TTT_CHUNK_SIZE="32", SLIDING_WINDOW_ENABLED="0")
     out = run_trainer(env, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert not re.search(r"^final_\w+_sliding_window", out.stdout, flags=re.M)
@@ -125,142 +125,147 @@ def test_sliding_window_enabled_0_leaves_the_sliding_score_to_ttt(tiny_data, tmp
     assert int(total.group(1)) in range(passes - 1, passes + 2), "the total is the passes' sum"
 
 
-# ---- score-first test-time training ----
+# ---- score-first test-time training: per-document LoRA TTT ----
 
-CHUNK = 512
+# Six documents (one of a single token) in 201 tokens, each a short pattern repeated: what adapters can learn
+DOCUMENT_STARTS = [0, 17, 18, 60, 61, 130]
+CHUNK = 5
+
+
+def document_stream() -> tg.Validation:
+    g = torch.Generator().manual_seed(0)
+    ends = DOCUMENT_STARTS[1:] + [201]
+    parts = [torch.randint(2, 64, (5,), generator=g).repeat(60)[:b - a] for a, b in zip(DOCUMENT_STARTS, ends)]
+    tokens = torch.cat(parts).int()
+    tokens[DOCUMENT_STARTS] = tg.BOS_ID
+    return tg.Validation(tokens, torch.randint(0, 4, (201,), dtype=torch.int16, generator=g), VAL_BATCH)
+
+
+class Recorder(torch.nn.Module):
+    """The model, recording each call's per-target losses: one (rows, window) tensor per chunk."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.calls = []
+
+    def forward(self, x, y, reduction="mean", lora=None):
+        losses = self.model(x, y, reduction, lora)
+        self.calls.append(losses.detach().view_as(x).clone())
+        return losses
 
 
 @pytest.fixture(scope="module")
-def ttt_run(tiny_data) -> tg.Run:
-    """A ready run: a trained-looking tiny model (random weights, every layer active) and the tiny
-    validation split, cut to 7 chunks, the last one short."""
-    env = tiny_data.env(EVAL_STRIDE="32", TTT_ENABLED="1", TTT_CHUNK_TOKENS=str(CHUNK),
-                        TTT_LR="0.05", VAL_BATCH_SIZE="1024")
-    run = tg.setup(env)
-    tg.build_model(run)
-    torch.manual_seed(0)
-    for p in run.model.parameters():
-        torch.nn.init.normal_(p, std=0.05)
-    end = 6 * CHUNK + 100 + 1
-    run.val = tg.Validation(run.val.tokens[:end], run.val.bytes[:end], run.hp.val_batch_size)
+def lora_model() -> tg.GPT:
+    return random_model(all_on_hp(train_seq_len=16))
+
+
+def lora_run(model, val=None, layout=None, **settings) -> tg.Run:
+    values = dict(train_seq_len=16, ttt_lora_rank=4, ttt_lora_lr=0.01, ttt_chunk_size=CHUNK, ttt_batch_size=8)
+    values.update(settings)
+    run = tg.Run(all_on_hp(**values), layout or tg.Layout(), val or document_stream(), b"")
+    run.model = copy.deepcopy(model)
+    run.scorer = Recorder(run.model)
+    run.trainer = run.model
     return run
 
 
-def ttt(ready: tg.Run, tokens=None, **settings):
-    """test_time_train on a copy of the run's model, over tokens (default: its own), with settings
-    changed: (sums per chunk, the trained copy)."""
-    run = copy.copy(ready)
-    run.hp = dataclasses.replace(ready.hp, **settings)
-    run.model = copy.deepcopy(ready.model)
-    run.scorer = run.model
-    run.trainer = run.model
-    if tokens is not None:
-        run.val = dataclasses.replace(ready.val, tokens=tokens)
-    return tg.test_time_train(run), run.model
+def test_document_spans_cover_every_target_once():
+    spans = tg.document_spans(document_stream().tokens)
+    assert spans == [(1, 18), (18, 19), (19, 61), (61, 62), (62, 131), (131, 201)]
 
 
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    pairs = zip(a.state_dict().values(), b.state_dict().values())
-    return all(torch.equal(x, y) for x, y in pairs)
+def test_every_target_is_scored_once_with_its_bytes(lora_model):
+    val = document_stream()
+    for batch in (8, 2):
+        sums = tg.lora_ttt(lora_run(lora_model, ttt_batch_size=batch))
+        assert sums[1] == 200 and sums[2] == val.bytes[1:].sum(), batch
 
 
-def test_a_chunk_score_never_sees_later_tokens(ttt_run):
-    sums, _ = ttt(ttt_run)
-    assert sums.shape == (7, 3)
-    assert sums[:, 1].tolist() == [CHUNK] * 6 + [100]
-    tokens = ttt_run.val.tokens
-    for k in (0, 2, 4):  # change every token after chunk k's last target
-        changed = tokens.clone()
-        after = (k + 1) * CHUNK + 1
-        changed[after:] = torch.randint_like(changed[after:], 2, ttt_run.hp.vocab_size)
-        other, _ = ttt(ttt_run, changed)
-        assert torch.equal(other[:k + 1], sums[:k + 1]), f"chunks up to {k} saw later tokens"
-        seen = not torch.equal(other[k + 1], sums[k + 1])
-        assert seen, "the change is visible where it is scored"
-
-
-def test_zero_learning_rate_reproduces_the_sliding_score(ttt_run):
-    model = ttt_run.model
-    sums, after = ttt(ttt_run, ttt_lr=0.0)
-    assert same_weights(after, model)
-    sliding = score(model, ttt_run.val, ttt_run.hp, sliding=True, layout=ttt_run.layout)
-    total = sums.sum(0)
-    assert total[1:].tolist() == sliding[1:].tolist(), "the same tokens and bytes, each scored once"
-    assert total[0].item() == pytest.approx(sliding[0].item(), rel=1e-9)
-    plain_sums, _ = ttt(ttt_run, ttt_lr=0.0, eval_stride=0)
-    plain = score(model, ttt_run.val, ttt_run.hp, layout=ttt_run.layout)
-    assert plain_sums.sum(0)[0].item() == pytest.approx(plain[0].item(), rel=1e-9)
-
-
-def test_training_helps_and_the_last_chunk_changes_nothing(ttt_run):
-    sums, trained = ttt(ttt_run)
-    frozen, _ = ttt(ttt_run, ttt_lr=0.0)
-    assert sums[0].tolist() == frozen[0].tolist(), "the first chunk is scored before any update"
-    adapted = tg.metrics(sums[1:].sum(0))[0]
-    assert adapted < tg.metrics(frozen[1:].sum(0))[0], "adapting lowers the later chunks' loss"
-    changed = ttt_run.val.tokens.clone()
-    last = 6 * CHUNK + 1
-    changed[last:] = torch.randint_like(changed[last:], 2, ttt_run.hp.vocab_size)
-    _, other = ttt(ttt_run, changed)
-    assert same_weights(other, trained), "the last chunk's tokens reached the weights"
-    assert not same_weights(trained, ttt_run.model)
-
-
-def test_ttt_is_sgd_with_momentum_clipping_epochs_and_a_cosine_over_the_chunks(ttt_run):
-    """TTT_EPOCHS, TTT_MOMENTUM, TTT_GRAD_CLIP and the cosine decay, against SGD written out
-    by hand: chunk c of n trains at TTT_LR * (1 + cos(pi c / (n - 1))) / 2, TTT_EPOCHS steps
-    on the whole chunk, the gradient's global norm clipped to TTT_GRAD_CLIP, momentum without
-    dampening; the last chunk is not trained on."""
-    settings = dict(ttt_epochs=2, ttt_momentum=0.5, ttt_grad_clip=0.05, ttt_lr=0.05)
-    hp = dataclasses.replace(ttt_run.hp, **settings)
-    _, trained = ttt(ttt_run, **settings)
-    reference = copy.deepcopy(ttt_run.model)
-    params = list(reference.parameters())
-    momenta = [torch.zeros_like(p) for p in params]
-    tokens = ttt_run.val.tokens
-    n = tokens.numel() - 1
-    bounds = list(range(0, n, CHUNK)) + [n]
-    clipped = 0
-    for c, (a, b) in enumerate(zip(bounds[:-2], bounds[1:-1])):
-        x = tokens[a:b].long().view(-1, hp.train_seq_len)
-        y = tokens[a + 1:b + 1].long().view(-1, hp.train_seq_len)
-        lr = hp.ttt_lr * (1 + math.cos(math.pi * c / (len(bounds) - 2))) / 2
-        for _ in range(hp.ttt_epochs):
-            grads = torch.autograd.grad(reference(x, y), params)
-            norm = torch.sqrt(sum(g.square().sum() for g in grads))
-            clipped += bool(norm > hp.ttt_grad_clip)
-            factor = min(1.0, hp.ttt_grad_clip / (norm.item() + 1e-6))
+def test_at_zero_lr_each_chunk_is_scored_by_the_model_alone_in_its_documents_window(lora_model):
+    """TTT_LORA_LR=0, no phase: the plain per-document score, each chunk of CHUNK targets scored with the document's
+    tokens before it, at most the eval window (16) of them."""
+    val = document_stream()
+    run = lora_run(lora_model, ttt_lora_lr=0.0)
+    sums = tg.lora_ttt(run)
+    tokens = val.tokens.long()
+    expected = torch.zeros(3, dtype=torch.float64)
+    for a, b in tg.document_spans(val.tokens):
+        for lo in range(a, b, CHUNK):
+            hi = min(lo + CHUNK, b)
+            start = max(a - 1, hi - 1 - 16)
             with torch.no_grad():
-                for p, g, m in zip(params, grads, momenta):
-                    m.mul_(hp.ttt_momentum).add_(g * factor)
-                    p.sub_(lr * m)
-    assert clipped > 0, "the clip must bite in this test"
-    for (name, p), q in zip(trained.named_parameters(), params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+                losses = lora_model(tokens[None, start:hi - 1], tokens[None, start + 1:hi], reduction="none")
+            expected += torch.tensor([losses[lo - 1 - start:].sum().item(), hi - lo, val.bytes[lo:hi].sum()])
+    assert sums[1:].tolist() == expected[1:].tolist()
+    assert sums[0].item() == pytest.approx(expected[0].item(), rel=1e-6)
+    assert all(torch.equal(p, q) for p, q in zip(run.model.parameters(), lora_model.parameters()))
 
 
-def test_chunks_must_split_evenly_over_ranks(tiny_data):
-    with pytest.raises(tg.ConfigError, match=r"TTT_CHUNK_TOKENS=100: use a multiple of .*64"):
-        tg.setup(tiny_data.env(TTT_ENABLED="1", TTT_CHUNK_TOKENS="100"))
-    with pytest.raises(tg.ConfigError, match=r"TTT_CHUNK_TOKENS=0 must be positive"):
-        tg.setup(tiny_data.env(TTT_ENABLED="1", TTT_CHUNK_TOKENS="0"))
-    with pytest.raises(tg.ConfigError, match=r"TTT_CHUNK_TOKENS=192: use a multiple of .*128"):
-        tg.setup(tiny_data.env(TTT_ENABLED="1", TTT_CHUNK_TOKENS="192", WORLD_SIZE="2"))
+def chunk_losses(run: tg.Run) -> dict:
+    """{(document, chunk): its scored targets' losses} from the recorder of a run of lora_ttt."""
+    tg.lora_ttt(run)
+    spans = tg.document_spans(run.val.tokens)
+    order = sorted(range(len(spans)), key=lambda d: spans[d][0] - spans[d][1])
+    groups = [order[i:i + run.hp.ttt_batch_size] for i in range(0, len(order), run.hp.ttt_batch_size)]
+    calls = iter(run.scorer.calls)
+    found = {}
+    for group in groups:
+        for c in range(-(-max(spans[d][1] - spans[d][0] for d in group) // CHUNK)):
+            losses = next(calls)
+            for row, d in enumerate(group[:len(losses)]):
+                a, b = spans[d]
+                lo, hi = a + c * CHUNK, min(a + (c + 1) * CHUNK, b)
+                if lo < b:
+                    start = max(a - 1, hi - 1 - 16)
+                    found[d, c] = losses[row, lo - 1 - start:hi - 1 - start]
+    return found
 
 
-def test_a_compiled_trainer_trains_the_model_it_wraps(ttt_run):
-    """On CUDA the run trains through the compiled wrapper, which raises on bool(); it must
-    train the same weights."""
-    sums, trained = ttt(ttt_run)
-    wrapped = copy.deepcopy(ttt_run.model)
-    compiled = torch.compile(wrapped, backend="eager")
-    with pytest.raises(TypeError):
-        bool(compiled)
-    run = copy.copy(ttt_run)
-    run.model = wrapped
-    run.scorer = wrapped
-    run.trainer = compiled
-    other = tg.test_time_train(run)
-    assert torch.allclose(other, sums, rtol=1e-6, atol=0)
-    for name, p in wrapped.state_dict().items():
-        assert torch.allclose(p, trained.state_dict()[name], rtol=1e-5, atol=1e-7), name
+@pytest.mark.parametrize("batch", [8, 2])
+def test_a_change_reaches_no_chunk_scored_before_it(lora_model, batch):
+    """Change document 4 (targets 62..130) from its 4th chunk on: its chunks 0..3 score bit for bit as before, and so
+    does every other document of its group; with groups of 2, so do the groups before it (A carries over to later
+    groups of the same rank, as the field's)."""
+    val = document_stream()
+    before = chunk_losses(lora_run(lora_model, ttt_batch_size=batch))
+    changed = val.tokens.clone()
+    changed[62 + 3 * CHUNK:130] = torch.randint_like(changed[62 + 3 * CHUNK:130], 2, 64)
+    after = chunk_losses(lora_run(lora_model, dataclasses.replace(val, tokens=changed), ttt_batch_size=batch))
+    assert before.keys() == after.keys()
+    same = [key for key in before if key[0] != 4 or key[1] < 3]
+    if batch == 2:  # groups [4, 5], [2, 0], [1, 3]: A carries the change into the later two
+        same = [key for key in same if key[0] in (4, 5)]
+    for key in same:
+        assert torch.equal(before[key], after[key]), key
+    assert not torch.equal(before[4, 3], after[4, 3]), "the change is seen where it is scored"
+
+
+def test_adapting_lowers_the_later_chunks_loss_and_leaves_the_base_weights(lora_model):
+    frozen = chunk_losses(lora_run(lora_model, ttt_lora_lr=0.0))
+    run = lora_run(lora_model)
+    adapted = chunk_losses(run)
+    assert all(torch.equal(adapted[d, 0], frozen[d, 0]) for d in range(6)), "first chunks: before any step"
+    later = [key for key in frozen if key[1] >= 2]
+    assert sum(adapted[k].sum() for k in later) < sum(frozen[k].sum() for k in later) - 1.0
+    assert all(torch.equal(p, q) for p, q in zip(run.model.parameters(), lora_model.parameters()))
+    assert all(p.grad is None and p.requires_grad for p in run.model.parameters())
+
+
+def test_the_compiled_pass_scores_as_the_eager_one(lora_model):
+    """Compiled, every row of a group runs at each chunk (one shape, the window dynamic); eager, only the documents
+    not yet done. The same scores, and one graph for every window."""
+    eager = tg.lora_ttt(lora_run(lora_model))
+    run = lora_run(lora_model, layout=tg.Layout(use_compile=True))
+    torch._dynamo.reset()
+    run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True, backend="eager")
+    compiled = tg.lora_ttt(run)
+    assert compiled[1:].tolist() == eager[1:].tolist()
+    assert compiled[0].item() == pytest.approx(eager[0].item(), rel=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_full_parameter_ttt_is_retired_by_name(tiny_data):
+    for name in ("TTT_LR", "TTT_CHUNK_TOKENS", "TTT_EPOCHS"):
+        with pytest.raises(tg.ConfigError, match=rf"{name}=1: retired"):
+            tg.setup(tiny_data.env(**{name: "1"}))

@@ -307,7 +307,7 @@ def test_a_two_lane_block_mixes_each_lane_with_both_outputs():
     b = torch.randn(2, 16, 32)
     x0 = torch.randn(2, 16, 32)
     with torch.no_grad():
-        out = block([a, b], x0)
+        out = block([a, b], x0, [None] * 5)  # no TTT adapters
         mix = block.resid_mix
         x = mix[0] * a + mix[1] * x0
         attn = block.attn_scale * block.attn(F.rms_norm(x, (32,)))

@@ -283,8 +283,8 @@ def test_make_never_overwrites_and_refuses_mixed_or_duplicate_runs(tmp_path):
 
 TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", MLP_MULT="2", TRAIN_SEQ_LEN="64",
                 TRAIN_BATCH_TOKENS="1024", VAL_BATCH_SIZE="8192", ITERATIONS="6", WARMUP_STEPS="0",
-                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT_ENABLED="1", TTT_CHUNK_TOKENS="1024",
-                TTT_LR="0.01", PACK_CODE="1")  # the score is TTT's, which a deep check must re-run; the code is packed
+                VAL_LOSS_EVERY="3", TRAIN_LOG_EVERY="1", MAX_WALLCLOCK_SECONDS="0", TTT_ENABLED="1", TTT_LORA_RANK="4",
+                TTT_CHUNK_SIZE="64", TTT_LORA_LR="0.001", PACK_CODE="1")  # the score is TTT's, which a deep check must re-run; the code is packed
 
 
 @pytest.fixture(scope="module")

@@ -155,10 +155,10 @@ def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
               "    return loader\n"
               "tg.train = train\n"
               "tg.main()")
-    # shapes that training never ran: the eval window, the stride and TTT's chunk
+    # shapes that training never ran: the eval window, the stride and TTT's growing windows
     lever_env = dict(COMPILE=1, NUM_LAYERS=3, MODEL_DIM=128, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                      ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_SEQ_LEN=128, EVAL_STRIDE=32,
-                     TTT_ENABLED=1, TTT_CHUNK_TOKENS=512)
+                     TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4)
     counts = {}
     for steps, val_every in ((16, 0), (8, 4)):
         env = tiny_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
@@ -599,7 +599,8 @@ EVERY_LEVER = dict(
     MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR="0.1", EMA_DECAY="0.9", EVAL_STRIDE="32", EVAL_SEQ_LEN="128",
     MATRIX_BITS="6", EMBED_BITS="7", ATTN_CLIP_SIGMAS="12", MLP_CLIP_SIGMAS="11", EMBED_CLIP_SIGMAS="14",
     LQER_ENABLED="1", LQER_RANK="2", LQER_TOP_K="2", GPTQ="1", GPTQ_CALIB_SEQS="8", TTT_ENABLED="1",
-    TTT_CHUNK_TOKENS="2048", TTT_LR="0.01", TTT_EPOCHS="2", GRAD_CLIP_NORM="0.3", COMPRESSOR="lzma",
+    TTT_LORA_RANK="4", TTT_CHUNK_SIZE="64", TTT_LORA_LR="0.001", TTT_BETA2="0.99", TTT_WEIGHT_DECAY="0.5",
+    GRAD_CLIP_NORM="0.3", COMPRESSOR="lzma",
     MUON_MOMENTUM_WARMUP_STEPS="5", WARMUP_STEPS="3", QK_GAIN_INIT="4", VAL_LOSS_EVERY="10")
 
 
@@ -626,7 +627,8 @@ def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(tiny_data
                       "tg.main()\n")
     env = tiny_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                         ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
-                        EVAL_STRIDE=32, TTT_ENABLED=1, TTT_CHUNK_TOKENS=512, SLIDING_WINDOW_ENABLED=0)
+                        EVAL_STRIDE=32, TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
+                        SLIDING_WINDOW_ENABLED=0)
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           str(driver)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -48,6 +48,7 @@ def refused_names(error: pytest.ExceptionInfo) -> set[str]:
     (dict(COMPRESSOR="gzip"), r"COMPRESSOR='gzip' must be one of \('zlib', 'lzma', 'brotli'"),
     (dict(EVAL_STRIDE="128"), r"EVAL_STRIDE=128: at most the eval window 64"),
     (dict(EMA_DECAY="1.0"), r"EMA_DECAY=1.0: below 1"),
+    (dict(TTT_ENABLED="1", TTT_CHUNK_SIZE="128"), r"TTT_CHUNK_SIZE=128: at most the eval window 64"),
 ])
 def test_bad_settings_are_named(tiny_data, overrides, message):
     with pytest.raises(tg.ConfigError, match=message):
@@ -150,11 +151,7 @@ TOP_LACKS = {
     "PHASED_TTT_ENABLED",
     "PHASED_TTT_PREFIX_DOCS",
     "PHASED_TTT_NUM_PHASES",
-    "TTT_CHUNK_SIZE",
     "GLOBAL_TTT_MOMENTUM",
-    "TTT_BETA2",
-    "TTT_WEIGHT_DECAY",
-    "TTT_LORA_RANK",
     "SPARSE_ATTN_GATE_SCALE",
     "GPTQ_CALIBRATION_BATCHES",
     "GATED_ATTN_QUANT_GATE",
@@ -173,7 +170,7 @@ def test_the_best_entrys_command_is_refused_for_what_we_lack_and_only_that():
     assert named == TOP_LACKS, "every name we cannot honour is named at once, and nothing we can"
     message = str(refusal.value)
     assert "GPTQ_CALIBRATION_BATCHES=16: use GPTQ_CALIB_SEQS" in message
-    field = "TTT_LORA_RANK=80: the field's, not here (README, \"Commands from the field\")"
+    field = "PHASED_TTT_PREFIX_DOCS=2500: the field's, not here (README, \"Commands from the field\")"
     assert field in message
 
 
@@ -188,6 +185,8 @@ def test_the_best_entrys_names_set_what_they_mean():
     gates = (hp.smear_gate_enabled, hp.sparse_attn_gate_enabled)
     assert gates == (True, True)
     assert (hp.grad_clip_norm, hp.warmdown_frac) == (0.3, 0.85)
+    ttt = (hp.ttt_chunk_size, hp.ttt_beta2, hp.ttt_weight_decay, hp.ttt_lora_rank)
+    assert ttt == (48, 0.99, 0.5, 80), "the entry's per-document LoRA TTT"
     lqer = (hp.lqer_enabled, hp.lqer_rank, hp.lqer_top_k)
     assert lqer == (True, 4, 3), "the entry's LQER, as its names say"
     switched = tg.Hyperparameters.from_env({"LQER_ENABLED": "1"})
