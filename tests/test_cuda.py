@@ -2,6 +2,8 @@
 torch.compile agree with the exact CPU path, and the device copies are the same numbers.
 Marked `cuda`: skipped without a GPU, run first by `python bench/gpu_check.py` on one."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -105,3 +107,32 @@ def test_the_export_of_gpu_weights_is_the_export_of_the_same_cpu_weights():
     cpu = tg.quantize_state_dict(model.state_dict(), hp)
     gpu = tg.quantize_state_dict(model.cuda().state_dict(), hp)
     assert all(torch.equal(cpu["ints"][name], gpu["ints"][name]) for name in cpu["ints"])
+
+
+def test_lora_ttt_compiled_in_bf16_scores_as_on_the_cpu_in_one_graph():
+    """Per-document LoRA TTT compiled on CUDA (every row of a group, the window dynamic): at TTT_LORA_LR=0 the
+    CPU's eager scores within bf16; adapting changes them; a second pass compiles nothing."""
+    torch.manual_seed(4)
+    hp = record_hp(ttt_enabled=True, ttt_lora_rank=8, ttt_chunk_size=32, ttt_batch_size=4, ttt_lora_lr=0.0)
+    model = tg.GPT(hp)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model.set_looping(True)
+    tokens = torch.randint(2, 512, (300 * 6 + 1,), dtype=torch.int32)
+    tokens[::300] = tg.BOS_ID  # six documents longer than the window of 256, in two groups
+    val_bytes = torch.randint(1, 4, tokens.shape, dtype=torch.int16)
+    cpu = tg.lora_ttt(tg.Run(hp, tg.Layout(), tg.Validation(tokens, val_bytes, 1024), b"", model=model,
+                             scorer=model, trainer=model))
+    gpu_model = model.cuda()
+    compiled = torch.compile(gpu_model, dynamic=False, fullgraph=True)
+    gpu_val = tg.Validation(tokens.cuda(), val_bytes.cuda(), 1024)
+    run = tg.Run(hp, cuda_layout(), gpu_val, b"", model=gpu_model, scorer=compiled, trainer=compiled)
+    frozen = tg.lora_ttt(run)
+    assert frozen[1:].tolist() == cpu[1:].tolist(), "the same targets and bytes"
+    assert frozen[0].item() == pytest.approx(cpu[0].item(), rel=2e-2)
+    graphs = tg.compiled_graphs()
+    run.hp = dataclasses.replace(hp, ttt_lora_lr=0.001)
+    adapted = tg.lora_ttt(run)
+    assert tg.compiled_graphs() == graphs, "one graph for every window, primed by the first pass"
+    assert adapted[0].item() != frozen[0].item()

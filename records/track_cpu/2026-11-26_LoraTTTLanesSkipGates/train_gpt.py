@@ -1,0 +1,1498 @@
+"""train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
+with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb.
+It runs on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU and the CPU (README.md).
+
+Every setting is an environment variable, named as the field names it (--help lists them). Rank 0 writes
+logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line. Checkpoints (SAVE_EVERY,
+RESUME) live in checkpoints.py, the code packer in records/packing.py. Cap: 1500 lines."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import glob
+import hashlib
+import importlib
+import io
+import json
+import lzma
+import math
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+import traceback
+import uuid
+import zlib
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# ---- HYPERPARAMETERS ----
+class ConfigError(ValueError):
+    """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
+
+def require(ok, message):
+    if not ok:
+        raise ConfigError(message)
+
+def sha256(data):  # the log's, the artifact's and the checkpoints' fingerprint
+    return hashlib.sha256(data).hexdigest()
+
+@dataclass
+class Hyperparameters:
+    """Every setting; its environment variable is its name in upper case. --help prints each comment."""
+    # data, run and logging
+    data_path: str = "./data/datasets/fineweb10B_sp1024"  # folder of fineweb_{train,val}_*.bin shards
+    tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"  # SentencePiece .model or byte .json
+    run_id: str = ""  # names the log, the artifact and the checkpoints; empty: a random uuid
+    seed: int = 1337  # the initialization (data order and evaluation are fixed)
+    artifact_dir: str = "logs"  # where the log and the artifact go
+    val_batch_size: int = 524_288  # validation tokens per batch, over all ranks
+    val_loss_every: int = 1000  # validate every N steps; 0: only at the end
+    train_log_every: int = 200  # a step line every N steps (and the first 10)
+    # schedule
+    iterations: int = 20_000  # step cap
+    warmdown_iters: int = 1200  # LR to 0 over the last N steps (or N x step time under a wallclock cap)
+    warmdown_frac: float = 0.0  # ... over this fraction of the step or time budget instead; 0: by steps
+    min_lr: float = 0.0  # a floor under the LR multiplier
+    warmup_steps: int = 20  # compile-priming steps, undone before training
+    train_batch_tokens: int = 524_288  # tokens per optimizer step, over all ranks
+    train_seq_len: int = 1024  # training (and plain validation) sequence length
+    max_wallclock_seconds: float = 600.0  # training-time cap; 0: none
+    grad_accum_steps: int = 0  # micro-steps per step; 0: 8 // world size (1 and 8 GPUs: the same step)
+    # model
+    vocab_size: int = 1024  # must equal the tokenizer's
+    num_layers: int = 9  # blocks; the first half feed U-Net skips into the second
+    num_kv_heads: int = 4  # key/value heads (GQA)
+    model_dim: int = 512  # width
+    num_heads: int = 8  # query heads
+    mlp_mult: int = 2  # MLP hidden width = MLP_MULT x MODEL_DIM
+    rope_base: float = 10_000.0  # RoPE frequency base
+    logit_softcap: float = 30.0  # tanh cap on the logits
+    qk_gain_init: float = 1.5  # initial per-head gain on the RMS-normed queries
+    mlp_leaky_slope: float = 0.0  # MLP activation leaky_relu(x, slope)^2; 0: relu^2 (the field: 0.5)
+    rope_dims: int = 0  # rotate only the first N dims of each head (partial RoPE); 0: all
+    ln_scale: bool = False  # scale each block's normed inputs by 1/sqrt(layer index + 1)
+    xsa_last_n: int = 0  # exclusive self-attention in the last N layers
+    smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, never across BOS
+    bigram_vocab_size: int = 0  # rows of a hashed (previous, current) token-pair embedding; 0: off
+    bigram_dim: int = 128  # its width (projected to MODEL_DIM)
+    num_loops: int = 0  # depth recurrence: extra passes over LOOP_START..LOOP_END; 0: off
+    loop_start: int = 0  # the first of the looped layers
+    loop_end: int = 0  # the last of them (inclusive)
+    enable_looping_at: float = 0.5  # the fraction of the step or time budget from which they loop
+    parallel_start_layer: int = 0  # from this layer on, two residual lanes (attention | MLP); 0: off
+    skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g zero-initialized
+    sparse_attn_gate_enabled: bool = False  # each head's output times sigmoid(0.5 w_h . x[:12]), w zero
+    ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections stay zero)
+    # optimizer
+    tied_embed_lr: float = 0.05  # Adam LR of the tied embedding
+    tied_embed_init_std: float = 0.005  # init std of the tied embedding
+    matrix_lr: float = 0.04  # Muon LR of the block matrices
+    scalar_lr: float = 0.04  # Adam LR of vectors and control tensors
+    muon_momentum: float = 0.95  # Muon momentum after its warmup
+    muon_backend_steps: int = 5  # Newton-Schulz iterations
+    muon_momentum_warmup_start: float = 0.85  # Muon momentum at step 0
+    muon_momentum_warmup_steps: int = 500  # steps of linear momentum warmup
+    muon_row_normalize: bool = False  # equal-norm rows before orthogonalizing (MuonEq-R)
+    muon_polar: bool = False  # Polar Express per-iteration coefficients instead of the fixed quintic
+    beta1: float = 0.9  # Adam beta1
+    beta2: float = 0.95  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 0.0  # clip the global norm of the averaged gradients; 0: off
+    muon_wd: float = 0.0  # decoupled weight decay p <- p * (1 - lr * wd) of Muon's matrices
+    embed_wd: float = 0.0  # ... of the embeddings (AdamW)
+    adam_wd: float = 0.0  # ... of the vectors and control tensors (AdamW)
+    ema_decay: float = 0.0  # the EMA of the weights is what validates and exports; 0: off
+    # evaluation and export
+    eval_seq_len: int = 0  # the sliding window's length; 0: TRAIN_SEQ_LEN
+    eval_stride: int = 0  # sliding evaluation: each window scores its last STRIDE tokens; 0: off
+    sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: not when TTT scores the run
+    ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the run's score
+    ttt_lora_rank: int = 96  # rank of each document's adapters (q, k, v, attention and MLP outputs, head)
+    ttt_lora_lr: float = 0.0001  # their AdamW's LR
+    ttt_beta1: float = 0.0  # ... beta1
+    ttt_beta2: float = 0.999  # ... beta2
+    ttt_weight_decay: float = 1.0  # ... decoupled weight decay
+    ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of this many tokens
+    ttt_batch_size: int = 64  # documents adapted side by side (similar lengths, the longest first)
+    matrix_bits: int = 8  # width of the block matrices' integers: 4 to 8 bits, a byte each
+    embed_bits: int = 8  # ... of the token embedding's
+    matrix_clip_sigmas: float = 0.0  # each row's clip at k of its stds; 0: the searched clip
+    attn_clip_sigmas: float = 0.0  # ... for attention matrices; 0: MATRIX_CLIP_SIGMAS
+    mlp_clip_sigmas: float = 0.0  # ... for MLP matrices; 0: MATRIX_CLIP_SIGMAS
+    embed_clip_sigmas: float = 0.0  # ... for the embedding; 0: the searched clip
+    lqer_enabled: bool = False  # LQER: a low-rank int2 x int4 correction of quantization errors
+    lqer_rank: int = 4  # its rank
+    lqer_top_k: int = 3  # ... for the matrices whose error is largest
+    gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
+    gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
+    gptq_reserve_seconds: float = 0.0  # taken from MAX_WALLCLOCK_SECONDS to calibrate on training data
+    compressor: str = "zlib"  # zlib, lzma, brotli or zpaq (the smallest and by far the slowest)
+    pack_code: bool = False  # count the code packed (minified, lzma, base85), as a record folder holds it
+    sidecar_bytes: str = "check"  # a byte sidecar must match the decoded text; trust: unchecked, as the field
+    # long runs (checkpoints.py)
+    save_every: int = 0  # checkpoint every N steps and at the end; a first SIGTERM/SIGINT checkpoints too
+    keep_checkpoints: int = 3  # keep the newest K checkpoints; 0: all
+    checkpoint_dir: str = "checkpoints"  # checkpoints go to CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/
+    resume: str = ""  # a checkpoint folder, or latest: the newest of RUN_ID
+    device: str = "auto"  # auto: CUDA if there is one, else the CPU; or cuda, cpu
+    compile: str = "auto"  # torch.compile: auto (CUDA: on; CPU: off, exact and never slower), 0 or 1
+    bf16: str = "auto"  # bf16 autocast and bf16 Muon updates: auto (as COMPILE), 0 or 1
+    optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at gradient buckets (the field: off)
+
+    @classmethod
+    def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
+        checks = settings_module()
+        refused = checks.refused_names(environ, ENV_NAMES) if checks else []
+        require(not refused,
+                "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
+        hp = cls(**{f.name: parse_setting(f.name.upper(), environ[f.name.upper()], f.default)
+                    for f in fields(cls) if f.name.upper() in environ})
+        hp.validate(world_size)
+        return hp
+    @property
+    def budget_ms(self):  # training's wallclock: the cap less GPTQ's reserve; inf: no cap
+        capped = self.max_wallclock_seconds > 0
+        return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if capped else math.inf
+    @property
+    def eval_window(self):
+        return self.eval_seq_len or self.train_seq_len
+    @property
+    def longest_seq_len(self):  # RoPE's table and the validation split's cut
+        return max(self.train_seq_len, self.eval_seq_len)
+    @property
+    def export_tag(self):  # names the artifact and the final lines: final_int6_lzma_roundtrip
+        return f"int{self.matrix_bits}_{self.compressor}"
+    def windows(self, sliding):
+        """(length, stride) of scoring windows: the training length, or the sliding window."""
+        if not sliding:
+            return self.train_seq_len, self.train_seq_len
+        return self.eval_window, self.eval_stride or self.eval_window
+    def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
+        fits = self.grad_accum_steps or 8 % world_size == 0
+        require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
+        return self.grad_accum_steps or 8 // world_size
+    def validate(self, world_size=1):
+        """Refuse what the settings make impossible (settings.py's checks), and what the processes do."""
+        checks = settings_module()
+        problems = checks.problems(self) if checks else []
+        require(not problems, "\n".join(problems))
+        per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
+        batch = self.train_batch_tokens
+        require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
+        require(self.val_batch_size >= per_micro,
+                f"VAL_BATCH_SIZE={self.val_batch_size}: use at least {per_micro}")
+
+ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]
+
+def settings_module():
+    """settings.py, which checks the settings and makes --help, where it sits beside this file; else None."""
+    try:
+        return importlib.import_module("settings")
+    except ImportError:  # a record folder's copy, run alone: its log says the settings went unchecked
+        return None
+
+BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
+
+def parse_setting(name, raw, default):
+    """An environment variable's text as its setting's type, or an error that shows how to write it."""
+    kind = type(default)
+    text = raw.strip()
+    try:
+        if kind is bool:
+            return BOOLEANS[text.lower()]
+        return kind(text)  # int, float or str
+    except (KeyError, ValueError):
+        what = {bool: "0 or 1", int: "an integer", float: "a number"}[kind]
+        example = int(default) if kind is bool else default
+        raise ConfigError(f"{name}={raw!r} is not {what}; set it like {name}={example}") from None
+
+# ---- DEVICE ----
+@dataclass
+class Layout:
+    """Where this process sits and how it computes: ranks, device, micro-steps per step, numeric modes."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    grad_accum_steps: int = 1
+    use_compile: bool = False
+    use_bf16: bool = False
+    @property
+    def distributed(self):
+        return self.world_size > 1
+    @property
+    def cuda(self):
+        return self.device.type == "cuda"
+
+def pick_device(local_rank, choice="auto"):
+    """The one place that chooses hardware: DEVICE, or (auto) CUDA if there is one, else the CPU."""
+    cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
+    return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+def synchronize(device):
+    if device.type == "cuda":  # CPU work is already done when the call returns
+        torch.cuda.synchronize()
+
+def ms_since(t0):  # t0: a time.perf_counter()
+    return 1000.0 * (time.perf_counter() - t0)
+
+def autocast(layout):
+    return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
+
+# ---- MUON OPTIMIZER ----
+# (a, b, c) per Newton-Schulz iteration, the last repeated: the quintic leaves singular values in ~[0.7, 1.2]
+# (Keller Jordan, modded-nanogpt); Polar Express (Amsel et al. 2025) narrows the band fastest.
+QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
+POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),  # the field's, in full
+                        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
+    """Approximately orthogonalize G (singular values to ~1): X <- aX + (bA + cA^2)X, A = XX^T."""
+    X = G.to(dtype)
+    transposed = X.size(0) > X.size(1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
+    X = (X.T if transposed else X) / (X.norm() + eps)
+    for i in range(steps):
+        a, b, c = coeffs[min(i, len(coeffs) - 1)]
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.T if transposed else X
+
+class Muon(torch.optim.Optimizer):
+    """Nesterov momentum, then orthogonalized updates of 2-D matrices: each rank orthogonalizes every
+    world_size-th one, and one all-reduce shares them (fp32: 1 and N processes agree to float noise)."""
+    def __init__(self, params, lr, momentum, backend_steps, update_dtype=torch.bfloat16, weight_decay=0.0,
+                 row_normalize=False, coeffs=QUINTIC_COEFFS, layout=Layout()):
+        defaults = dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.orthogonalize = zeropower_via_newtonschulz5  # torch.compile'd on CUDA
+        self.update_dtype = update_dtype
+        self.row_normalize = row_normalize
+        self.coeffs = coeffs
+        self.layout = layout
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params = group["params"]
+            momentum = group["momentum"]
+            sizes = [p.numel() for p in params]
+            updates = torch.zeros(sum(sizes), device=params[0].device, dtype=self.update_dtype)
+            views = updates.split(sizes)  # one per matrix
+            for i, p in enumerate(params):
+                if p.grad is None:
+                    continue
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = self.state[p]["momentum_buffer"].mul_(momentum).add_(p.grad)
+                if i % self.layout.world_size == self.layout.rank:
+                    nesterov = p.grad.add(buf, alpha=momentum)
+                    views[i].copy_(self.update(nesterov, group).flatten())
+            if self.layout.distributed:
+                dist.all_reduce(updates)  # summed
+            for p, update in zip(params, views):
+                if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
+                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
+                p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
+    def update(self, g, group):
+        if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
+        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype,
+                               coeffs=self.coeffs)
+        return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
+
+def build_optimizers(model, hp, layout):
+    """[AdamW for embeddings, vectors and controls; Muon for the other 2-D matrices]."""
+    embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
+    matrices = []
+    scalars = []
+    for name, p in model.named_parameters():
+        if any(p is e for e in embeddings):
+            continue
+        control = any(key in name for key in CONTROL_PARAM_NAMES)
+        (matrices if p.ndim == 2 and not control else scalars).append(p)
+    adam_groups = [dict(params=embeddings, lr=hp.tied_embed_lr, weight_decay=hp.embed_wd),
+                   dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
+    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
+                             fused=layout.cuda)
+    muon = Muon(matrices, lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
+                update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32, weight_decay=hp.muon_wd,
+                row_normalize=hp.muon_row_normalize, layout=layout,
+                coeffs=POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS)
+    # the schedule scales each group's own LR
+    for group in adam.param_groups + muon.param_groups:
+        group["base_lr"] = group["lr"]
+    return [adam, muon]
+
+# ---- DATA ----
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+SHARD_HEADER_BYTES = 256 * 4  # 256 little-endian int32: magic, version, token count, zeros
+BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
+DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus "
+             "(DATA_PATH=./data/datasets/sotu_sp1024 TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); "
+             "data/download_challenge.py gets the challenge's")
+
+def shard_tokens(path, vocab_size=None):
+    """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
+    path = Path(path)
+    fix = "rebuild or re-download this shard (see data/README.md)"
+    require(path.is_file(), f"{path}: not a readable file; {fix}")
+    size = path.stat().st_size
+    require(size >= SHARD_HEADER_BYTES, f"{path}: {size} bytes is shorter than the shard header; {fix}")
+    magic, version, num_tokens = np.fromfile(path, dtype="<i4", count=3).tolist()
+    header = (magic, version) == (SHARD_MAGIC, SHARD_VERSION)
+    require(header, f"{path}: magic number {magic}, version {version}: not a token shard ({SHARD_MAGIC}, "
+            f"{SHARD_VERSION}), as data/shards.py writes them; {fix}")
+    expected = SHARD_HEADER_BYTES + 2 * num_tokens
+    damage = "truncated" if size < expected else "has trailing bytes"
+    require(size == expected, f"{path}: {size} bytes, not the {expected} of its header: {damage}; {fix}")
+    tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
+    if vocab_size is not None and num_tokens and int(tokens.max()) >= vocab_size:
+        bad = int(np.argmax(tokens >= vocab_size))
+        raise ConfigError(f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: "
+                          "the shard was made with another tokenizer; "
+                          "set TOKENIZER_PATH and VOCAB_SIZE to its own")
+    return tokens
+
+def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
+    """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
+    files = sorted(glob.glob(pattern))
+    require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
+    rank, world = share
+    shards = [shard_tokens(f, vocab_size if i % world == rank else None) for i, f in enumerate(files)]
+    require(sum(map(len, shards)) > 0,
+            f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
+    return shards
+
+def train_pattern(hp):
+    return os.path.join(hp.data_path, "fineweb_train_*.bin")
+
+class DistributedTokenLoader:
+    """The training shards in order, wrapping around; each rank keeps its span (+1) of each global chunk."""
+    def __init__(self, pattern, rank=0, world_size=1, device=torch.device("cpu")):
+        self.shards = load_shards(pattern, "training")
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.position = [0, 0]  # [shard, token]: what a checkpoint saves
+    def take(self, n):
+        chunks = []
+        while n > 0:  # ends: setup() checked that the shards hold tokens
+            index, pos = self.position
+            chunks.append(self.shards[index][pos:pos + n])
+            n -= len(chunks[-1])
+            self.position = [index, pos + len(chunks[-1])]
+            if self.position[1] == len(self.shards[index]):
+                self.position = [(index + 1) % len(self.shards), 0]
+        return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
+    def next_batch(self, global_tokens, seq_len, grad_accum_steps) -> tuple[Tensor, Tensor]:
+        span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
+        local = local.to(torch.int64)
+        if self.device.type == "cuda":
+            local = local.pin_memory()  # so the copies below are asynchronous and overlap compute
+        x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
+        y = local[1:].view(-1, seq_len).to(self.device, non_blocking=True)
+        return x, y
+
+# ---- TOKENIZER BYTE ACCOUNTING ----
+SPACE = "\u2581"  # SentencePiece's space symbol: one byte of text
+
+@dataclass
+class Tokenizer:
+    """Per-id tables of the text behind each token, and the tokenizer's own decoder."""
+    decode: object  # list[int] -> str
+    piece_bytes: Tensor  # int64 [V]: UTF-8 bytes of the id's text, a space symbol counted as 1; -1: <unk>
+    leading_space: Tensor  # bool [V]: the piece starts with the space symbol
+    no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
+    dummy_prefix: bool  # the tokenizer adds a space in front of every document, which is not text
+
+def read_pieces(path):
+    """[(kind, piece)] per id, the decoder, what it makes of "a": SentencePiece, or the byte tokenizer."""
+    if path.suffix != ".json":
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        kinds = [(sp.is_control, "control"), (sp.is_byte, "byte"), (sp.is_unknown, "unknown")]
+        pieces = []
+        for i in range(sp.vocab_size()):
+            kind = next((name for test, name in kinds if test(i)), "text")
+            pieces.append((kind, sp.id_to_piece(i)))
+        return pieces, sp.decode, sp.normalize("a")  # "\u2581a": it adds a space in front
+    spec = json.loads(path.read_text())
+    if spec.get("tokenizer_type") != "pure_byte":
+        raise ValueError(f"tokenizer_type {spec.get('tokenizer_type')!r} is not 'pure_byte'")
+    offset = int(spec["config"]["byte_offset"])
+    pieces = [("byte" if 0 <= i - offset < 256 else "control", "")
+              for i in range(int(spec["vocab_size"]))]
+    def decode(ids):
+        return bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
+    return pieces, decode, ""
+
+def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
+    path = Path(tokenizer_path)
+    name = f"TOKENIZER_PATH={tokenizer_path}"
+    require(path.is_file(), f"{name} is not a file. {DATA_HINT}")
+    try:
+        pieces, decode, added = read_pieces(path)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{name} cannot be read as a tokenizer ({type(e).__name__}: {e}); it must be a "
+                          f"SentencePiece .model or a byte tokenizer .json. {DATA_HINT}") from None
+    require(len(pieces) == vocab_size, f"VOCAB_SIZE={vocab_size} does not match {name}, which has "
+            f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
+    require(pieces[BOS_ID][0] == "control", f"{name}: id {BOS_ID} is not BOS; train it with bos_id=1")
+    # its decoder would keep a space added after every document, which the bytes would count as text
+    require(not added.endswith(SPACE),
+            f"{name} adds a space after every document (treat_whitespace_as_suffix)")
+    piece_bytes = []
+    for kind, piece in pieces:
+        text_bytes = len(piece.encode("utf-8")) - 2 * piece.count(SPACE)
+        piece_bytes.append({"text": text_bytes, "byte": 1, "unknown": -1}.get(kind, 0))
+    leading_space = [kind == "text" and piece.startswith(SPACE) for kind, piece in pieces]
+    no_text = [kind == "control" for kind, _ in pieces]
+    return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(leading_space), torch.tensor(no_text),
+                     added == SPACE + "a")
+
+def token_bytes(tokens, tok):
+    """Bytes of text behind each token: its id's, less the space the tokenizer adds before each document."""
+    ids = tokens.long()
+    counted = tok.piece_bytes[ids]
+    if tok.dummy_prefix:
+        starts = torch.ones_like(tok.no_text[ids])
+        starts[1:] = tok.no_text[ids][:-1]
+        counted -= (tok.leading_space[ids] & starts).long()
+    return counted
+
+def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
+    """Refuse, naming it, a document of share = (rank, world) not counted as the bytes of its text."""
+    if (counted < 0).any():
+        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, "
+                          "text the tokenizer could not write, so its bytes are unknown; "
+                          "use a tokenizer trained with byte_fallback=True")
+    ids = tokens.numpy()
+    sums = np.concatenate(([0], counted.numpy().cumsum()))
+    starts = tok.no_text[tokens.long()].nonzero().flatten().tolist()
+    if not tok.no_text[tokens[0]]:  # text before the first BOS is a document too
+        starts.insert(0, -1)
+    bounds = list(zip(starts, starts[1:] + [len(ids)]))
+    for doc in range(share[0], len(bounds), share[1]):
+        a, b = bounds[doc]
+        text = tok.decode(ids[a + 1:b].tolist())
+        text = restore(text) if restore else text
+        expected = len(text.replace(SPACE, " ").encode("utf-8")) - (tok.dummy_prefix and text[:1] == SPACE)
+        found = sums[b] - sums[a + 1]
+        require(found == expected, f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes "
+                f"to {expected} bytes but the byte tables count {found}; this tokenizer writes text in a way "
+                "val_bpb cannot count exactly: please report it with the tokenizer")
+
+# The field's lossless case transform (CaseOps v1) writes lower case, each ASCII word's case an operator before
+# it (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
+CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
+
+def case_restore(text):  # the original of CaseOps text; text without operators as it is
+    return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
+
+@dataclass
+class Validation:
+    """The validation tokens, the bytes of text behind each, and the tokens per evaluation batch."""
+    tokens: Tensor
+    bytes: Tensor
+    batch_tokens: int
+
+def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Validation:
+    """The validation tokens and their bytes (a CaseOps sidecar's, if any), checked, cut to whole windows."""
+    pattern = os.path.join(hp.data_path, "fineweb_val_[0-9]*.bin")
+    shards = load_shards(pattern, "validation", len(tok.piece_bytes))
+    tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
+    sidecar = sorted(glob.glob(os.path.join(hp.data_path, "fineweb_val_bytes_*.bin")))
+    what = f"DATA_PATH={hp.data_path} validation split"
+    if sidecar:
+        counted = torch.from_numpy(np.concatenate([shard_tokens(f) for f in sidecar]).astype(np.int64))
+        what += " (its byte sidecar; SIDECAR_BYTES=trust scores by it unchecked)"
+    else:
+        counted = token_bytes(tokens, tok)
+    require(len(counted) == len(tokens),
+            f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
+    if not (sidecar and hp.sidecar_bytes == "trust"):
+        check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
+    seq_len = hp.longest_seq_len
+    usable = ((tokens.numel() - 1) // seq_len) * seq_len
+    require(usable > 0 and bool(counted[1:usable + 1].any()), f"DATA_PATH: the validation split {pattern} "
+            f"holds {tokens.numel()} tokens ({int(counted.sum())} bytes of text), not one window of "
+            f"{seq_len} + 1 with text; lower TRAIN_SEQ_LEN/EVAL_SEQ_LEN or build more validation data")
+    counted = counted[:usable + 1].to(torch.int16)
+    return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
+
+# ---- MODEL ----
+CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
+                       "lane_mix", "smear_gate", "attn_gate")
+
+class CastedLinear(nn.Linear):  # fp32 weights for the optimizer; the matmul in the activations' dtype
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
+
+LORA_ALPHA = 144.0  # the field's: a TTT adapter of rank r adds alpha / r (x A^T) B^T
+
+def adapt(y, x, lora):
+    """y + alpha / r (x A^T) B^T: a per-document TTT adapter (A (D, r, in), B (D, out, r)) on x (D, T, in)."""
+    if lora is None:
+        return y
+    A, B = lora
+    down = x @ A.to(x.dtype).transpose(1, 2)  # (D, T, r)
+    return y + down @ B.to(x.dtype).transpose(1, 2) * (LORA_ALPHA / A.size(1))
+
+def rms_norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+def input_gate(x, weight, scale=1.0):
+    """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
+    return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
+
+def rotary_cos_sin(seq_len, rope_dims, base):
+    inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, rope_dims/2)
+    return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, rope_dims/2)
+
+def apply_rotary(x, cos, sin):
+    """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
+    rotated = 2 * cos.size(-1)
+    x1, x2 = x[..., :rotated].chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, hp, layer):
+        super().__init__()
+        dim = hp.model_dim
+        self.head_dim = dim // hp.num_heads
+        kv_dim = hp.num_kv_heads * self.head_dim
+        self.xsa = layer >= hp.num_layers - hp.xsa_last_n
+        self.c_q = CastedLinear(dim, dim, bias=False)
+        self.c_k = CastedLinear(dim, kv_dim, bias=False)
+        self.c_v = CastedLinear(dim, kv_dim, bias=False)
+        self.proj = CastedLinear(dim, dim, bias=False)
+        nn.init.zeros_(self.proj.weight)
+        # fp32 tables computed once, not inside the kernels; not saved, and not broadcast by DDP
+        cos, sin = rotary_cos_sin(hp.longest_seq_len, hp.rope_dims or self.head_dim, hp.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        # q and k are RMS-normalized, so attention's sharpness is learned here, per head
+        self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
+        gate = nn.Parameter(torch.zeros(hp.num_heads, min(12, dim)))  # (H, 12)
+        self.attn_gate = gate if hp.sparse_attn_gate_enabled else None
+    def forward(self, x, lora=(None,) * 3):  # lora: per-document TTT's adapters of q, k, v
+        B, T, C = x.shape
+        heads = (-1, self.head_dim)
+        q = adapt(self.c_q(x), x, lora[0]).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
+        k = adapt(self.c_k(x), x, lora[1]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = adapt(self.c_v(x), x, lora[2]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        cos = self.rope_cos[:, :, :T]
+        sin = self.rope_sin[:, :, :T]
+        q = rms_norm(q)  # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
+        k = rms_norm(k)
+        q = apply_rotary(q, cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
+        k = apply_rotary(k, cos, sin)
+        gqa = k.size(1) != q.size(1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
+        if self.xsa:  # exclusive self-attention: drop each head's component along its token's own value
+            y = y.unflatten(1, (k.size(1), -1))  # (B, Hkv, H / Hkv, T, hd): query heads by their group
+            v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
+            y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
+            y = y.flatten(1, 2)
+        if self.attn_gate is not None:  # each head's output times a gate on the token (the field's)
+            gate = input_gate(x, self.attn_gate, 0.5).transpose(1, 2)  # (B, H, T)
+            y = y * gate[..., None].to(y.dtype)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+class MLP(nn.Module):
+    def __init__(self, dim, mlp_mult, leaky_slope=0.0):
+        super().__init__()
+        self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
+        self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
+        nn.init.zeros_(self.proj.weight)
+        self.leaky_slope = leaky_slope
+    def forward(self, x):
+        return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())  # slope 0: relu^2
+
+class Block(nn.Module):
+    """Attention then MLP on one residual stream, or (PARALLEL_START_LAYER on) on two lanes: attention reads
+    lane 0, the MLP lane 1, and each lane adds both outputs with learned weights (the field's)."""
+    def __init__(self, hp, layer):
+        super().__init__()
+        dim = hp.model_dim
+        self.attn = CausalSelfAttention(hp, layer)
+        self.mlp = MLP(dim, hp.mlp_mult, hp.mlp_leaky_slope)
+        self.attn_scale = nn.Parameter(torch.ones(dim))
+        self.mlp_scale = nn.Parameter(torch.ones(dim))
+        # row 0 weighs the residual stream, row 1 the first layer's input (starts as the plain stream)
+        self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
+        # deeper layers add less (LN scale)
+        self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0
+        # per lane: the weights of [its residual, attention's output, the MLP's output] (the field's init)
+        lanes = 0 < hp.parallel_start_layer <= layer
+        self.lane_mix = nn.Parameter(torch.tensor([[1.1, 1.0, 1.0]] * 2)) if lanes else None
+    def norm(self, x):
+        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
+    def forward(self, lanes, x0, lora):
+        """lanes: [(B, T, C)], one or two; lora: TTT's adapters (q, k, v, attention out, MLP out) on the normed
+        inputs, the last two added to the attention and MLP outputs (the field's)."""
+        mix = self.resid_mix.to(x0.dtype)
+        x = mix[0] * lanes[0] + mix[1] * x0
+        n = self.norm(x)
+        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora[3])
+        if self.lane_mix is None:
+            x = x + attn
+            n = self.norm(x)
+            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])]
+        n = self.norm(lanes[1])
+        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])
+        w = self.lane_mix.to(x.dtype)  # (lanes, 3)
+        return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
+
+def lanes_mean(lanes):
+    return lanes[0] if len(lanes) == 1 else torch.stack(lanes).mean(0)
+
+def bigram_hash(idx, buckets):
+    """(previous, current) -> rows 0..buckets-2 (the field's BigramHash); last row: no previous, or BOS."""
+    prev = F.pad(idx[:, :-1], (1, 0))
+    rows = torch.bitwise_xor(36313 * idx, 27191 * prev) % (buckets - 1)
+    first = torch.arange(idx.size(1), device=idx.device) == 0
+    return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
+
+class GPT(nn.Module):
+    def __init__(self, hp):
+        super().__init__()
+        self.logit_softcap = hp.logit_softcap
+        self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
+        # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
+        buckets = hp.bigram_vocab_size
+        self.bigram = nn.Embedding(buckets, hp.bigram_dim) if buckets else None
+        self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if buckets else None
+        if buckets:
+            nn.init.zeros_(self.bigram.weight)
+        # [lambda, w_1..w_12] of x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: starts as a no-op
+        smear = nn.Parameter(torch.zeros(1 + min(12, hp.model_dim)))
+        self.smear_gate = smear if hp.smear_gate_enabled else None
+        self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
+        self.parallel_start_layer = hp.parallel_start_layer
+        # depth recurrence: the order the blocks run in once looping is on (set_looping)
+        first = list(range(hp.loop_end + 1))
+        looped = list(range(hp.loop_start, hp.loop_end + 1)) * hp.num_loops
+        self.looped_order = first + looped + list(range(hp.loop_end + 1, hp.num_layers))
+        # an attribute: torch.compile guards on it (a second graph, primed in warmup)
+        self.looping = False
+        if hp.num_loops:  # saved with the weights, so a reloaded artifact runs its layers as trained
+            self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
+            self.register_load_state_dict_post_hook(
+                lambda module, _: module.set_looping(bool(module.loop_on)))
+        # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
+        self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
+        gates = nn.Parameter(torch.zeros_like(self.skip_weights))
+        self.skip_gates = gates if hp.skip_gates_enabled else None
+        # the field's init; output projections stay zero
+        for block in self.blocks if hp.ortho_init else []:
+            for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
+                nn.init.orthogonal_(linear.weight)
+        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)  # the output head too
+    def set_looping(self, on):  # depth recurrence on or off, in the artifact's flag too
+        self.looping = on
+        if hasattr(self, "loop_on"):
+            self.loop_on.fill_(int(on))
+    def layer_order(self):
+        return self.looped_order if self.looping else list(range(len(self.blocks)))
+    def embed(self, idx):
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.bigram is not None:
+            pairs = self.bigram(bigram_hash(idx, self.bigram.num_embeddings))
+            x = x + 0.05 * self.bigram_proj(pairs)
+        if self.smear_gate is not None:  # a BOS takes nothing from the document before it
+            gate = input_gate(x, self.smear_gate[None, 1:])[..., 0]  # (B, T)
+            gate = self.smear_gate[0] * gate * (idx != BOS_ID)
+            x = x + gate[..., None].to(x.dtype) * F.pad(x[:, :-1], (0, 0, 1, 0))
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        return rms_norm(x)
+    def logits(self, idx, lora=None):
+        """(B, T, V); lora: per-document TTT's adapters, 5 for each layer as run, then the head's."""
+        x0 = self.embed(idx)
+        lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
+        order = self.layer_order()
+        lora = lora or [None] * (5 * len(order) + 1)
+        num_encoder = len(order) // 2
+        skips = []
+        for i, layer in enumerate(order):
+            if layer == self.parallel_start_layer > 0 and len(lanes) == 1:
+                lanes = [lanes[0], lanes[0]]
+            if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder
+                lanes[0] = self.add_skip(lanes[0], i - num_encoder, skips.pop())
+            lanes = self.blocks[layer](lanes, x0, lora[5 * i:5 * i + 5])
+            if i < num_encoder:
+                skips.append(lanes_mean(lanes))
+        x = self.final_norm(lanes_mean(lanes))
+        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora[-1]).float()  # the tied head
+        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+    def add_skip(self, x, k, skip):
+        """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
+        skip = self.skip_weights[k].to(x.dtype) * skip
+        if self.skip_gates is None:
+            return x + skip
+        return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
+    def forward(self, idx, targets, reduction="mean", lora=None):
+        logits = self.logits(idx, lora)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                               reduction=reduction)
+
+# ---- EVALUATION ----
+def metrics(sums):
+    """val_loss (nats per token) and val_bpb of score()'s sums of loss, tokens and bytes."""
+    loss_sum, tokens, num_bytes = sums.tolist()
+    val_loss = loss_sum / tokens
+    return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
+
+@torch.no_grad()
+def score(model, val, layout, seq_len, stride):
+    """Summed loss, tokens, bytes (over ranks): every validation target once, by its window's last stride."""
+    device = layout.device
+    stop = val.tokens.numel() - 1
+    ends = list(range(seq_len, stop, stride)) + [stop]  # each window's last target
+    counts = [b - a for a, b in zip([0] + ends, ends)]  # its targets: those after the window before
+    share = slice(len(ends) * layout.rank // layout.world_size,
+                  len(ends) * (layout.rank + 1) // layout.world_size)
+    per_batch = max(1, val.batch_tokens // (layout.world_size * layout.grad_accum_steps) // seq_len)
+    # one batch shape, so one compiled graph: this rank's last batch is padded with windows scoring nothing
+    pad = -len(ends[share]) % per_batch
+    ends = ends[share] + ends[share][-1:] * pad
+    counts = torch.tensor(counts[share] + [0] * pad, device=device)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, bytes
+    for i in range(0, len(ends), per_batch):
+        # (B, T + 1)
+        windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in ends[i:i + per_batch]])
+        num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in ends[i:i + per_batch]])
+        mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]  # (B, T)
+        windows = windows.to(device, torch.int64)
+        with autocast(layout):
+            losses = model(windows[:, :-1], windows[:, 1:], reduction="none")
+        losses = losses.detach().view_as(mask).double()
+        sums += torch.stack([torch.where(mask, losses, 0.0).sum(), mask.sum(),
+                             (num_bytes * mask).sum()])
+    if layout.distributed:
+        dist.all_reduce(sums)
+    return sums.cpu()
+
+def document_spans(tokens):
+    """[(first, end)) of each document's targets: a BOS starts one; its last token predicts the next BOS."""
+    starts = (tokens[1:-1] == BOS_ID).nonzero().flatten().add(1).tolist()
+    bounds = [0] + starts + [tokens.numel() - 1]
+    return [(a + 1, b + 1) for a, b in zip(bounds, bounds[1:])]
+
+def lora_ttt(run):
+    """Score-first per-document LoRA TTT (the field's) on run.val: documents in groups of similar length, the
+    longest first, the ranks taking turns. Returns the sums of loss, tokens and bytes."""
+    hp, layout = run.hp, run.layout
+    val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)  # read row by row
+    spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
+    groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
+    torch.manual_seed(hp.seed)  # the adapters' A
+    lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+    sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
+    for group in groups[layout.rank::layout.world_size]:
+        sums += ttt_group(run, val, group, lora)
+    if layout.distributed:
+        dist.all_reduce(sums)
+    return sums.cpu()
+
+def new_adapters(model, hp, rows, device):
+    """[(A, B)] of `rows` documents, 5 for each layer as run (q, k, v, attention out, MLP out), then the head's:
+    A uniform (nn.Linear's init), B zero, so that the model starts as it is."""
+    dim = model.tok_emb.embedding_dim
+    kv_dim = model.blocks[0].attn.c_k.out_features
+    outputs = [dim, kv_dim, kv_dim, dim, dim] * len(model.layer_order())
+    outputs.append(model.tok_emb.num_embeddings)
+    lora = []
+    for out in outputs:
+        A = torch.rand(rows, hp.ttt_lora_rank, dim, device=device)
+        B = torch.zeros(rows, out, hp.ttt_lora_rank, device=device)
+        lora.append((((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()))
+    return lora
+
+def ttt_group(run, val, spans, lora):
+    """Documents side by side, chunk by chunk: a chunk is scored in a window of its document ending at it, then
+    its adapters take an AdamW step on it (not on the last). B and AdamW start anew; A carries over."""
+    hp, layout = run.hp, run.layout
+    for A, B in lora:
+        B.detach().zero_()
+    params = [t for pair in lora for t in pair]
+    adamw = torch.optim.AdamW(params, hp.ttt_lora_lr, (hp.ttt_beta1, hp.ttt_beta2), 1e-10, hp.ttt_weight_decay,
+                              fused=layout.cuda)
+    run.model.requires_grad_(False)
+    sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
+    size = hp.ttt_chunk_size
+    for lo in range(0, max(b - a for a, b in spans), size):  # each document's targets a + lo onwards
+        window = min(lo + size, hp.eval_window)
+        # compiled: every row, one shape; eager: the documents not yet done (the longest come first)
+        rows = len(lora[0][0]) if layout.use_compile else sum(lo < b - a for a, b in spans)
+        tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
+        counted = torch.full((rows, window), -1)  # each scored target's bytes; -1: not scored
+        trained = torch.zeros(rows)
+        for row, (a, b) in enumerate(spans[:rows]):
+            end = min(a + lo + size, b)  # past the chunk's last target (a done document: no target)
+            # the window's first input: the document's, at most `window` before the chunk's end
+            start = max(a - 1, end - 1 - window)
+            tokens[row, :end - start] = val.tokens[start:end]
+            counted[row, a + lo - 1 - start:end - 1 - start] = val.bytes[a + lo:end]
+            trained[row] = end < b
+        tokens, counted, trained = (t.to(layout.device) for t in (tokens, counted, trained))
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        torch._dynamo.mark_dynamic(x, 1)  # one compiled graph for every window
+        torch._dynamo.mark_dynamic(y, 1)
+        scored = counted >= 0
+        cut = [(A[:rows], B[:rows]) for A, B in lora]
+        with autocast(layout):
+            losses = torch.where(scored, run.scorer(x, y, "none", cut).view_as(scored), 0.0)
+        sums += torch.stack([losses.detach().double().sum(), scored.sum(), (counted * scored).sum()])
+        means = losses.sum(1) / scored.sum(1).clamp(min=1)  # each document's mean over its chunk
+        (means * trained).sum().backward()
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+    run.model.requires_grad_(True)
+    return sums
+
+# ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
+# Tensors up to this size stay in float: at width 256 the attention matrices (32k-65k) are quantized too.
+KEEP_FLOAT_MAX_NUMEL = 16_384
+# The searched clip: each row's, as the fraction of its max |w| with the least error (GPTQ-lite); at low
+# widths, clipping outliers buys finer steps. *_CLIP_SIGMAS = k clips at k row stds (fewer bytes).
+CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
+
+# name: (compress, decompress, the leading bytes by which the reader recognizes it). Brotli has no magic
+# bytes of its own: it gets a tag. zpaq uses one thread, so every rank writes the same bytes.
+COMPRESSORS = {
+    "zlib": (partial(zlib.compress, level=9), zlib.decompress, b"\x78"),
+    "lzma": (partial(lzma.compress, preset=9 | lzma.PRESET_EXTREME), lzma.decompress, b"\xfd7zXZ"),
+    "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),
+               lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
+    "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),
+             lambda blob: importlib.import_module("zpaq").decompress(blob), b"7kSt"),
+}
+
+def is_quantized(name, tensor):
+    """Stored as integers: the large matrices, and the attention gates (int8 rows, as the field's)."""
+    big = tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
+    return tensor.is_floating_point() and (big or name.endswith("attn_gate"))
+
+def quant_spec(name, hp):
+    """(bits, clip in row stds; 0: the searched clip) of a matrix stored as integers, by its kind."""
+    if name == "tok_emb.weight":
+        return hp.embed_bits, hp.embed_clip_sigmas
+    if name.endswith("attn_gate"):
+        return 8, 0.0
+    kind = 0.0
+    if ".attn." in name:
+        kind = hp.attn_clip_sigmas
+    elif ".mlp." in name:
+        kind = hp.mlp_clip_sigmas
+    return hp.matrix_bits, kind or hp.matrix_clip_sigmas
+
+def int_rows(x, steps, low, high):
+    """Per-row integers in [low, high] and fp16 steps, each row's best of the candidates (K, R, 1)."""
+    # floored at fp16's smallest normal (no division by 0); beyond its range: inf, which the export refuses
+    steps = steps.clamp(min=2.0 ** -14).half().float()
+    q = torch.clamp(torch.round(x / steps), low, high)  # (K, R, C)
+    best = (q * steps - x).square().sum(dim=2).argmin(dim=0)  # (R,)
+    rows = torch.arange(x.size(0), device=x.device)
+    return q[best, rows], steps[best, rows, 0]
+
+def quantize_rows(w, bits, sigmas=0.0):
+    """Symmetric integers in [-qmax, qmax] and their fp16 steps, at the searched clip or at SIGMAS row stds."""
+    qmax = 2 ** (bits - 1) - 1
+    if sigmas:
+        clips = [sigmas * w.std(dim=1, keepdim=True)]
+    else:
+        absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
+        clips = [absmax * f for f in CLIP_FRACTIONS]  # float fractions: no host-to-device copy
+    return int_rows(w, torch.stack(clips) / qmax, -qmax, qmax)
+
+def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
+    """GPTQ (Frantar et al. 2022) with quantize_rows's scales, in act order: each column's rounding error goes
+    onto later ones via the Cholesky factor of H^-1, H damped by damp * mean(diag H). H = I: round-to-nearest."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = quantize_rows(w, bits, sigmas)[1]
+    W = w.double().clone()
+    H = H.double().clone()
+    dead = H.diagonal() == 0  # inputs that were always zero: their weights do not matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    order = torch.argsort(H.diagonal(), descending=True)
+    W = W[:, order]
+    H = H[order][:, order]
+    H += damp * H.diagonal().mean() * torch.eye(len(H), dtype=H.dtype, device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    s = scale.double()
+    Q = torch.zeros_like(W)
+    for a in range(0, W.size(1), block):
+        b = min(a + block, W.size(1))
+        err = torch.zeros_like(W[:, a:b])  # (R, b - a)
+        for j in range(a, b):
+            Q[:, j] = torch.clamp(torch.round(W[:, j] / s), -qmax, qmax)
+            err[:, j - a] = (W[:, j] - Q[:, j] * s) / U[j, j]
+            W[:, j + 1:b] -= err[:, j - a:j - a + 1] @ U[j:j + 1, j + 1:b]
+        W[:, b:] -= err @ U[a:b, b:]
+    return Q[:, torch.argsort(order)].float(), scale
+
+def lqer_factors(error, rank):
+    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64, as
+    {"a": (2, A), "b": (4, B)}, each a matrix of rows to quantize."""
+    U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
+    A = (U[:, :rank] * S[:rank]).float()
+    B = Vh[:rank].float().flatten()
+    return {"a": (2, A.reshape(1, -1)), "b": (4, F.pad(B, (0, -len(B) % 64)).view(-1, 64))}
+
+def quantize_state_dict(state_dict, hp, hessians=None):
+    """Matrices -> per-row integers, a byte each (what compresses best), fp16 scales; the rest in float."""
+    ints = {}
+    scales = {}
+    floats = {}
+    dtypes = {}
+    for name, tensor in state_dict.items():
+        tensor = stored = tensor.detach().cpu()
+        dtypes[name] = str(tensor.dtype).removeprefix("torch.")
+        if not tensor.is_floating_point():
+            floats[name] = tensor
+        elif not is_quantized(name, tensor):
+            control = any(key in name for key in CONTROL_PARAM_NAMES)
+            stored = floats[name] = tensor.float() if control else tensor.half()
+        else:
+            bits, sigmas = quant_spec(name, hp)
+            if name in (hessians or {}):
+                q, scale = gptq_quantize(tensor, hessians[name].cpu(), bits, sigmas=sigmas)
+            else:
+                q, scale = quantize_rows(tensor.float(), bits, sigmas)
+            ints[name] = q.to(torch.int8)
+            scales[name] = stored = scale.half()  # a scale beyond fp16's range is inf
+        finite = torch.isfinite(tensor).all() and torch.isfinite(stored).all()
+        require(bool(finite), f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond "
+                "fp16's 65504 in its stored form; no artifact can hold this model: lower the learning rates")
+    if hp.lqer_enabled:
+        errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
+                  for name, q in ints.items()}
+        for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:
+            for part, (bits, x) in lqer_factors(errors[name], hp.lqer_rank).items():
+                top = 2 ** (bits - 1)  # asymmetric: [-top, top - 1], absmax / 1.5 (int2), / 7.5 (int4)
+                step = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(max=65504.0)
+                q, scale = int_rows(x, step[None], -top, top - 1)
+                ints[f"{name}.lqer_{part}"] = q.to(torch.int8)
+                scales[f"{name}.lqer_{part}"] = scale.half()
+    return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
+
+def dequantize_state_dict(obj):
+    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in their dtypes."""
+    weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
+    for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction
+        W = weights[name.removesuffix(".lqer_a")]
+        A = weights.pop(name).view(len(W), -1)
+        B = weights.pop(name[:-1] + "b").flatten()
+        W += A @ B[:A.size(1) * W.size(1)].view(A.size(1), W.size(1))
+    state = {}
+    for name, dtype in obj["dtypes"].items():
+        value = weights[name] if name in weights else obj["floats"][name]
+        state[name] = value.to(getattr(torch, dtype))
+    return state
+
+def save_artifact(state_dict, path, hp, hessians=None):
+    """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
+    buffer = io.BytesIO()
+    torch.save(quantize_state_dict(state_dict, hp, hessians), buffer)
+    compress = COMPRESSORS[hp.compressor][0]
+    blob = compress(buffer.getvalue())
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes sharing the folder rename their own
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    return blob
+
+def load_artifact(source):
+    """The weights of an artifact (a path or its bytes), its compressor told by its first bytes; weights_only:
+    no pickled code."""
+    blob = source if isinstance(source, bytes) else Path(source).read_bytes()
+    decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
+    what = "artifact" if isinstance(source, bytes) else source
+    require(decompress is not None, f"{what}: its first bytes {blob[:6]!r} are those of no COMPRESSOR")
+    raw = io.BytesIO(decompress(blob))
+    return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
+
+def calibrate(run, loader):
+    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
+    hp, layout, model = run.hp, run.layout, run.model
+    t0 = time.perf_counter()
+    seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
+    # the ranks split what one process would read, so they see the same rows
+    tokens = loader.take(seqs * layout.world_size * hp.train_seq_len).to(layout.device, torch.int64)
+    x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]  # this rank's rows
+    modules = {f"{name}.weight": m for name, m in model.named_modules()
+               if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
+    modules["tok_emb.weight"] = model.final_norm
+    hessians = {}
+    def accumulate(module, inputs, output, name):  # a module run twice (depth recurrence) adds both
+        x = output if module is model.final_norm else inputs[0]
+        x = x.flatten(0, -2).double()
+        hessians[name] = hessians.get(name, 0) + x.T @ x
+    hooks = [m.register_forward_hook(partial(accumulate, name=name)) for name, m in modules.items()]
+    with torch.no_grad(), autocast(layout):
+        for batch in x.split(8):
+            model.logits(batch)
+    for hook in hooks:
+        hook.remove()
+    for H in hessians.values() if layout.distributed else []:
+        dist.all_reduce(H)
+    synchronize(layout.device)  # the clock reads the work done, not the work queued
+    ms = ms_since(t0)
+    run.log(f"gptq: matrices:{len(hessians)} calib:train sequences:{seqs * layout.world_size} "
+            f"calibration_time:{ms:.0f}ms reserved:{1000 * hp.gptq_reserve_seconds:.0f}ms")
+    return hessians
+
+def export(run, hessians=None):
+    """Quantize and compress; every rank makes the same bytes (none waits in a collective)."""
+    hp, log = run.hp, run.log
+    t0 = time.perf_counter()
+    path = Path(hp.artifact_dir) / f"{hp.run_id}_model.{hp.export_tag}.ptz"
+    blob = save_artifact(run.model.state_dict(), path if run.layout.local_rank == 0 else None, hp, hessians)
+    code = run.source  # PACK_CODE=1: what a record folder holds, packed by records/packing.py
+    if hp.pack_code:
+        code = importlib.import_module("records.packing").pack_source(code)
+    total = len(code) + len(blob)
+    ms = ms_since(t0)
+    name = hp.export_tag.replace("_", "+")
+    log(f"Serialized model {name}: {len(blob)} bytes")
+    packed = f" (packed from {len(run.source)}: PACK_CODE=1)" if code != run.source else ""
+    log(f"Code size: {len(code)} bytes{packed}")
+    log(f"Total submission size {name}: {total} bytes")
+    log(f"artifact: {path.as_posix()} bytes:{len(blob)} sha256:{sha256(blob)} export_time:{ms:.0f}ms")
+    if total > 16_000_000:
+        log(f"WARNING: submission is {total} bytes, over the 16,000,000-byte cap: it cannot be a record")
+    return blob
+
+def final_passes(run):
+    """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
+    hp, layout, log = run.hp, run.layout, run.log
+    passes = ["roundtrip"]
+    if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):
+        passes.append("sliding_window")
+    if hp.ttt_enabled:
+        passes.append("ttt")
+    times_ms = {}
+    graphs = compiled_graphs()
+    for name in passes:
+        line = f"final_{hp.export_tag}_{name}"
+        synchronize(layout.device)
+        t0 = time.perf_counter()
+        windows = hp.windows(name == "sliding_window")
+        sums = lora_ttt(run) if name == "ttt" else score(run.scorer, run.val, layout, *windows)
+        val_loss, val_bpb = metrics(sums)
+        synchronize(layout.device)
+        times_ms[name] = ms_since(t0)
+        require(math.isfinite(val_loss), f"{line}: val_loss is {val_loss}, no submission: lower the LRs")
+        log(f"{line} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{times_ms[name]:.0f}ms")
+        log(f"{line}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+    each = ",".join(f"{name}:{ms:.0f}ms" for name, ms in times_ms.items())
+    total = f"final_eval_total eval_time:{sum(times_ms.values()):.0f}ms limit:600000ms passes:{each}"
+    if layout.use_compile:
+        total += f" graphs_compiled_inside:{compiled_graphs() - graphs}"
+    log(total)
+
+# ---- TRAINING ----
+def training_progress(step, elapsed_ms, hp):  # budget spent, 0..1
+    return max(step / max(hp.iterations, 1), elapsed_ms / hp.budget_ms)
+
+def lr_schedule(step, elapsed_ms, hp):
+    """LR multiplier: 1, then linear to 0 over the last WARMDOWN_FRAC of the budget, or the last
+    WARMDOWN_ITERS steps (under a wallclock cap: their mean time, if sooner); floored at MIN_LR."""
+    if hp.warmdown_frac > 0:
+        left = max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac
+        return max(min(1.0, left), hp.min_lr)
+    left = 1.0
+    if hp.warmdown_iters > 0:
+        left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
+    if hp.budget_ms < math.inf:
+        warmdown_ms = max(hp.warmdown_iters * elapsed_ms / max(step, 1), 1e-9)
+        left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
+    return max(left, hp.min_lr)
+
+def muon_momentum(step, hp):
+    frac = 1.0
+    if hp.muon_momentum_warmup_steps > 0:
+        frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
+    return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
+
+def looping_at(progress, hp):  # progress: the spent fraction of the budget
+    return hp.num_loops > 0 and hp.enable_looping_at < 1.0 and progress >= hp.enable_looping_at
+
+class EMA:
+    """The weights' moving average (EMA_DECAY; 0: off, a no-op): it validates and exports (swap())."""
+    def __init__(self, model, decay):
+        self.decay = decay
+        self.params = [p.detach().clone() for p in model.parameters()] if decay > 0 else None
+    def update(self, model):  # on detached tensors: no graph
+        if self.params is not None:
+            torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
+    def swap(self, model):
+        if self.params is None:
+            return
+        live = [p.detach().clone() for p in model.parameters()]
+        torch._foreach_copy_([p.detach() for p in model.parameters()], self.params)
+        self.params = live
+
+def train_step(model, batches, optimizers, lr_scale, grad_clip, layout):
+    """One optimizer step over micro-batches [(x, y), ...], all-reduced once; returns the mean loss."""
+    total = torch.zeros((), device=layout.device)
+    for i, (x, y) in enumerate(batches):
+        if layout.distributed:
+            model.require_backward_grad_sync = i == len(batches) - 1
+        with autocast(layout):
+            loss = model(x, y)
+        (loss / len(batches)).backward()
+        total += loss.detach()
+    if grad_clip > 0:
+        params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_scale
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return total / len(batches)
+
+def next_batches(loader, hp, layout):
+    accum = layout.grad_accum_steps
+    return [loader.next_batch(hp.train_batch_tokens, hp.train_seq_len, accum) for _ in range(accum)]
+
+def compiled_graphs():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+def warmup(run, optimizers):
+    """Compile every graph before the clocks: each phase's step (undone after), the final passes' too."""
+    hp, layout, model = run.hp, run.layout, run.model
+    phases = list(dict.fromkeys(looping_at(f, hp) for f in (0.0, hp.enable_looping_at)))
+    initial = copy.deepcopy([model.state_dict()] + [opt.state_dict() for opt in optimizers])
+    loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
+    for step in range(hp.warmup_steps):
+        model.set_looping(phases[step * len(phases) // hp.warmup_steps])
+        train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
+        if step + 1 in (1, hp.warmup_steps):
+            run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
+    if layout.use_compile:  # the final passes' graphs in each phase a run may end in, a window per rank
+        window = layout.world_size * hp.longest_seq_len
+        tokens = torch.randint(hp.vocab_size, (window + 1,), device=layout.device, dtype=torch.int32)
+        noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
+        for phase in phases:
+            model.set_looping(phase)
+            for sliding in {False, hp.eval_stride > 0}:
+                score(run.scorer, noise, layout, *hp.windows(sliding))
+            if hp.ttt_enabled:  # a group of documents for every rank, each as long as the eval window
+                docs = torch.randint(2, hp.vocab_size, (layout.world_size * hp.ttt_batch_size * hp.eval_window + 1,))
+                docs[::hp.eval_window] = BOS_ID
+                lora_ttt(replace(run, val=Validation(docs, torch.zeros_like(docs), 0)))
+        model.zero_grad(set_to_none=True)
+        run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
+    for target, state in zip([model] + optimizers, initial):
+        target.load_state_dict(state)
+    model.set_looping(phases[0])  # after the restore, which loads the initial flag
+
+@dataclass
+class LoopState:
+    """Where training stands (with weights and data: all a resume needs); its clock counts training only."""
+    step: int = 0
+    training_time_ms: float = 0.0
+    elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
+    def ended(self, hp):  # the step cap, or the time budget spent
+        return self.step >= hp.iterations or self.elapsed_ms >= hp.budget_ms
+    def start_clock(self, device):
+        synchronize(device)
+        self.device = device
+        self.t0 = time.perf_counter()
+    def clock_ms(self):  # not synchronized: the step's work may still be queued
+        return self.training_time_ms + ms_since(self.t0)
+    @contextmanager
+    def paused(self):
+        synchronize(self.device)
+        self.training_time_ms += ms_since(self.t0)
+        yield
+        self.start_clock(self.device)
+
+def agree(state, loss, signum, layout):
+    """Max over ranks of the clock, the signal and a bad loss: the ranks take one LR, phase and stop."""
+    clock = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=layout.device)
+    agreed = torch.cat((clock, (~torch.isfinite(loss)).to(clock)[None]))  # no host sync before it
+    if layout.distributed:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    state.elapsed_ms, signum, diverged = agreed.tolist()
+    require(not diverged, f"training diverged: train_loss is not finite at step:{state.step}; lower MATRIX_LR "
+            "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
+    return int(signum)
+
+def log_step(run, state, loss):
+    hp = run.hp
+    if hp.train_log_every <= 0 or (state.step > 10 and state.step % hp.train_log_every):
+        return
+    elapsed = state.elapsed_ms
+    tokens_per_s = hp.train_batch_tokens * state.step / (elapsed / 1000.0)
+    run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
+            f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
+
+def log_validation(run, state):
+    hp = run.hp
+    sums = score(run.scorer, run.val, run.layout, *hp.windows(False))
+    val_loss, val_bpb = metrics(sums)
+    spent = state.training_time_ms
+    run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+            f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
+
+def train(run, optimizers, ema):
+    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns GPTQ's loader."""
+    hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
+    loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
+    state = keeper.restore(run, optimizers, ema, loader) if keeper else LoopState()
+    first_step = state.step
+    state.start_clock(layout.device)
+    while True:
+        every = hp.val_loss_every
+        due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
+        if due or state.ended(hp):
+            with state.paused():
+                ema.swap(model)  # scored: the weights that will be exported
+                log_validation(run, state)
+                ema.swap(model)
+        if state.ended(hp):
+            break
+        for group in optimizers[1].param_groups:
+            group["momentum"] = muon_momentum(state.step, hp)
+        lr_scale = lr_schedule(state.step, state.elapsed_ms, hp)
+        batches = next_batches(loader, hp, layout)
+        loss = train_step(run.trainer, batches, optimizers, lr_scale, hp.grad_clip_norm, layout)
+        ema.update(model)
+        state.step += 1
+        state.elapsed_ms = state.clock_ms()
+        log_step(run, state, loss)
+        signum = agree(state, loss, keeper.signum if keeper else 0, layout)
+        looping = looping_at(training_progress(state.step, state.elapsed_ms, hp), hp)
+        if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
+            model.set_looping(looping)
+            run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
+        if keeper and keeper.due(state, signum):
+            with state.paused():
+                keeper.save(run, optimizers, ema, loader, state, signum)
+    if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
+        spent = state.training_time_ms
+        run.log(f"stopping_early: wallclock_cap train_time:{spent:.0f}ms step:{state.step}/{hp.iterations}")
+    if keeper:
+        keeper.close()
+    return loader
+
+# ---- RUN ----
+@dataclass
+class RunLog:
+    """Console lines from rank 0, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's own source."""
+    path: Path | None = None  # None: lines go nowhere (tests, tools)
+    is_main: bool = True  # the other ranks write only their errors
+    def write_header(self, run, command):
+        source = run.source
+        with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
+            f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{sha256(source)} ====\n".encode())
+            f.write(source + b"\n==== end of source ====\n")
+        versions = f"versions: python:{platform.python_version()} torch:{torch.__version__}"
+        self(versions, console=False)
+        self(describe_hardware(run.layout), console=False)
+        self(f"command: {command}")
+        self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
+        layout = run.layout
+        self(f"world_size:{layout.world_size} grad_accum_steps:{layout.grad_accum_steps} "
+             f"device:{layout.device.type} compile:{layout.use_compile} bf16:{layout.use_bf16}")
+    def __call__(self, message, console=True):
+        if self.path is None or not self.is_main:
+            return
+        if console:
+            print(message, flush=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(message + "\n")
+    def failure(self, error, rank):
+        """Whatever ends a run goes into the log with its traceback, from any rank: no log just stops."""
+        if self.path is None or isinstance(error, SystemExit):  # SystemExit: a stop that said why
+            return
+        text = f"train_gpt.py: error: {error}" if isinstance(error, ConfigError) else traceback.format_exc()
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"error: rank {rank}: {text.rstrip()}\n")
+
+def describe_hardware(layout):  # the line the records tools read
+    if layout.cuda:
+        return f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"
+    cpuinfo = Path("/proc/cpuinfo")
+    found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
+    cpu = found[0] if found else platform.processor() or platform.machine()
+    return (f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
+            f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes")
+
+def launch_command(environ=os.environ):
+    """The command that reproduces this run: the settings it set, then the launcher."""
+    settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ) if name in ENV_NAMES]
+    launcher = "python"
+    if "LOCAL_WORLD_SIZE" in environ:  # torchrun's
+        per_node = environ["LOCAL_WORLD_SIZE"]
+        nodes = int(environ["WORLD_SIZE"]) // int(per_node)
+        where = "--standalone" if nodes == 1 else f"--nnodes={nodes} --rdzv_endpoint=<first node>"
+        launcher = f"torchrun {where} --nproc_per_node={per_node}"
+    return " ".join(settings + [f"{launcher} {Path(__file__).name}"])
+
+@dataclass
+class Run:
+    """What setup() read and checked, and what the stages of main() share."""
+    hp: Hyperparameters
+    layout: Layout
+    val: Validation
+    source: bytes  # this file: logged, and counted as the code
+    keeper: object = None  # checkpoints.Keeper with SAVE_EVERY or RESUME
+    log: RunLog = field(default_factory=RunLog)
+    model: GPT | None = None  # the plain module: its weights are trained and exported
+    scorer: nn.Module | None = None  # the same weights, compiled on CUDA: what evaluates
+    trainer: nn.Module | None = None  # the compiled model as DDP wraps it: what trains
+
+def setup(environ=os.environ) -> Run:
+    """Every check that can fail (settings, paths, tokenizer, shards, bytes), on every rank, first."""
+    world_size = int(environ.get("WORLD_SIZE", 1))
+    rank = int(environ.get("RANK", 0))
+    local_rank = int(environ.get("LOCAL_RANK", 0))
+    hp = Hyperparameters.from_env(environ, world_size)
+    device = pick_device(local_rank, hp.device)
+    def on(mode):  # COMPILE and BF16: auto is on for CUDA only
+        return device.type == "cuda" if mode == "auto" else mode == "1"
+    layout = Layout(rank, world_size, local_rank, device, hp.micro_steps(world_size),
+                    use_compile=on(hp.compile), use_bf16=on(hp.bf16))
+    head_dim = hp.model_dim // hp.num_heads
+    if layout.cuda and layout.use_bf16:
+        require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
+    for name in ("artifact_dir", "checkpoint_dir"):
+        folder = Path(getattr(hp, name))
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        writable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+        require(writable, f"{name.upper()}={folder}: {existing} is not a writable directory; choose another")
+    require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
+    packer = not hp.pack_code or importlib.util.find_spec("records") is not None  # records/packing.py
+    require(packer, "PACK_CODE=1: records/packing.py is not beside this train_gpt.py; run the repository's")
+    tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+    load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
+    val = load_validation(hp, tokenizer, (rank, world_size), device)  # each rank checks its documents
+    source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
+    keeper = None
+    if hp.save_every or hp.resume:  # what a record never does lives beside this file
+        keeper = importlib.import_module("checkpoints").Keeper(hp, source, sys.modules[__name__])
+    log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
+    if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
+        raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
+    return Run(hp, layout, val, source, keeper)
+
+def start(run):
+    """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
+    hp, layout = run.hp, run.layout
+    if layout.cuda:
+        torch.cuda.set_device(layout.device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        # flash is 16-bit only: math attention for fp32
+        kernels = dict(flash=True, cudnn=False, mem_efficient=False, math=not layout.use_bf16)
+        for kernel, on in kernels.items():
+            getattr(torch.backends.cuda, f"enable_{kernel}_sdp")(on)
+    run_id = [hp.run_id or str(uuid.uuid4())]
+    if layout.distributed:  # every rank must name the same log and artifact
+        backend = "nccl" if layout.cuda else "gloo"
+        dist.init_process_group(backend=backend, device_id=layout.device if layout.cuda else None)
+        dist.broadcast_object_list(run_id, src=0)
+    hp.run_id = run_id[0]
+    Path(hp.artifact_dir).mkdir(parents=True, exist_ok=True)
+    run.log = RunLog(Path(hp.artifact_dir) / f"{hp.run_id}.txt", layout.rank == 0)
+    if layout.rank != 0:
+        return
+    if run.log.path.exists():  # setup() let it through: a resume continues its own run's log
+        run.log(f"command: {launch_command()}")
+    else:
+        run.log.write_header(run, launch_command())
+    if settings_module() is None:
+        run.log("settings: not checked: settings.py is not beside this train_gpt.py")
+    if run.keeper:
+        run.log(run.keeper.describe())
+    print(f"logfile: {run.log.path}")
+
+def build_model(run):
+    """The model (seeded), its compiled and DDP-wrapped handles, and its optimizers."""
+    hp, layout = run.hp, run.layout
+    torch.manual_seed(hp.seed)
+    run.model = GPT(hp).to(layout.device)
+    run.log(f"model_params:{sum(p.numel() for p in run.model.parameters())}")
+    optimizers = build_optimizers(run.model, hp, layout)
+    run.scorer = run.model
+    if layout.use_compile:
+        # training phases x eval shapes; fullgraph fails past it (named cache_size_limit before torch 2.7)
+        torch._dynamo.config.cache_size_limit = 64
+        torch._dynamo.config.optimize_ddp = hp.optimize_ddp
+        run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True)
+        optimizers[1].orthogonalize = torch.compile(zeropower_via_newtonschulz5)
+    run.trainer = run.scorer
+    if layout.distributed:  # without buffer broadcast: every rank holds the same RoPE tables and flags
+        device_ids = [layout.local_rank] if layout.cuda else None
+        run.trainer = DDP(run.scorer, device_ids=device_ids, broadcast_buffers=False)
+    return optimizers
+
+def main():
+    run = setup()
+    start(run)
+    hp, layout = run.hp, run.layout
+    try:
+        tokens = run.val.tokens.numel() - 1
+        shards = len(glob.glob(train_pattern(hp)))
+        run.log(f"val_tokens:{tokens} val_bytes:{int(run.val.bytes[1:].sum())} train_shards:{shards}")
+        optimizers = build_model(run)
+        warmup(run, optimizers)
+        ema = EMA(run.model, hp.ema_decay)
+        loader = train(run, optimizers, ema)
+        if layout.cuda:
+            run.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+                    f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+        ema.swap(run.model)  # calibration and export see the weights the last validation scored
+        hessians = calibrate(run, loader) if hp.gptq else None
+        blob = export(run, hessians)
+        run.model.load_state_dict(load_artifact(blob), strict=True)  # its loop phase too
+        final_passes(run)
+        shutdown(run)
+    except BaseException as error:
+        run.log.failure(error, layout.rank)
+        raise
+
+def shutdown(run):
+    if run.layout.distributed:
+        dist.barrier()  # without it, gloo tears down while a peer is still in its last collective
+        run.trainer = None  # DDP holds the group: freed now, gloo's threads cannot abort the exit
+        gc.collect()
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # every setting is an environment variable; no arguments
+        checks = settings_module()
+        if checks is None:  # a record folder's copy
+            sys.exit("train_gpt.py --help: settings.py lists the settings; run the repository's")
+        print(checks.help_text())
+        sys.exit(0)
+    try:
+        main()
+    except ConfigError as e:
+        sys.exit(f"train_gpt.py: error: {e}")
