@@ -76,7 +76,9 @@ UNATTRIBUTED = "(unattributed)"  # no GitHub login can be spelled so: it names n
 # names only a placeholder committer. The placeholder is accepted here and nowhere else.
 UNATTRIBUTED_FOLDERS = {"track_cpu/2026-11-22_CpuBaseline",
                         "track_cpu/2026-11-22_Int6Qat7LayersSliding",
-                        "track_cpu/2026-11-23_Sp4096Stack4LayersTTT"}
+                        "track_cpu/2026-11-23_Sp4096Stack4LayersTTT",
+                        # made by a development session, which holds no GitHub login either
+                        "track_cpu/2026-11-26_LoraTTTLanesSkipGates"}
 # COMPRESSOR -> the package it imports
 COMPRESSOR_PACKAGES = {"zstd": "zstandard", "brotli": "brotli", "zpaq": "zpaq"}
 # train_gpt.py imports numpy, and sentencepiece for SentencePiece models

@@ -110,7 +110,7 @@ def shared_settings(changes: list[dict]) -> dict:
 
 
 def parse_settings(text: str) -> dict:
-    """'MATRIX_LR=0.03 TTT_EPOCHS=1' -> {"MATRIX_LR": "0.03", "TTT_EPOCHS": "1"}."""
+    """'MATRIX_LR=0.03 TTT_LORA_LR=0.0001' -> {"MATRIX_LR": "0.03", "TTT_LORA_LR": "0.0001"}."""
     settings = {}
     for word in shlex.split(text):
         name, sep, value = word.partition("=")

@@ -1,8 +1,8 @@
 """Run settings x seeds of train_gpt.py, N at a time, and print one table: mean ± std per configuration and the
 challenge's significance verdict against a baseline configuration.
 
-    python records/sweep.py --name lr_ttt --grid "MATRIX_LR=0.02,0.03 TTT_EPOCHS=1,3" --seeds 1,2,3 \\
-        --base "NUM_LAYERS=11 ITERATIONS=20000" --baseline "MATRIX_LR=0.03 TTT_EPOCHS=1" --gpus 0,1,2,3,4,5,6,7 \\
+    python records/sweep.py --name lr_ttt --grid "MATRIX_LR=0.02,0.03 TTT_LORA_LR=0.0001,0.0003" --seeds 1,2,3 \\
+        --base "NUM_LAYERS=11 ITERATIONS=20000" --baseline "MATRIX_LR=0.03 TTT_LORA_LR=0.0001" --gpus 0,1,2,3,4,5,6,7 \\
         -- torchrun --standalone --nproc_per_node=1 train_gpt.py
     python records/sweep.py --name lrs --configs lrs.txt --seeds 1,2 --cpu-threads 1 --parallel 2 -- python train_gpt.py
 

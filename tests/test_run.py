@@ -158,7 +158,7 @@ def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
     # shapes that training never ran: the eval window, the stride and TTT's growing windows
     lever_env = dict(COMPILE=1, NUM_LAYERS=3, MODEL_DIM=128, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                      ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_SEQ_LEN=128, EVAL_STRIDE=32,
-                     TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4)
+                     TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=64, TTT_BATCH_SIZE=4)
     counts = {}
     for steps, val_every in ((16, 0), (8, 4)):
         env = tiny_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
