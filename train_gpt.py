@@ -2,9 +2,9 @@
 with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb.
 It runs on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU and the CPU (README.md).
 
-Every setting is an environment variable, named as the field names it (--help lists them). Rank 0 writes
-logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line. Checkpoints (SAVE_EVERY,
-RESUME) live in checkpoints.py, the code packer in records/packing.py. Cap: 1500 lines."""
+Every setting is an environment variable, named as the field names it; settings.py beside it checks them and
+makes --help. Rank 0 writes logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line.
+Checkpoints (SAVE_EVERY, RESUME) live in checkpoints.py, the code packer in records/packing.py. Cap: 1500 lines."""
 
 from __future__ import annotations
 

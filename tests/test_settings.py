@@ -263,3 +263,11 @@ def test_readme_lists_every_setting():
     assert not missing, f"README.md's Settings table lacks {missing}"
     stale = [row for row in settings.table().splitlines() if row not in readme.splitlines()]
     assert not stale, f"README.md's Settings table differs from the code in: {stale}"
+
+
+def test_settings_py_imports_nothing_of_the_trainer():
+    """No import circle: train_gpt.py imports settings.py, never the other way round (it reads the source)."""
+    code = "import sys, settings; settings.help_text(); print(sorted(m for m in sys.modules if 'train_gpt' in m))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
