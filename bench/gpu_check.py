@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flops import count_flops_per_token, peak_flops
+from flops import count_flops_per_token, peak_flops, ttt_positions
 from run_files import ROOT, tg  # puts the repository's root on sys.path
 from data.shards import read_datafile, write_datafile  # noqa: E402
 
@@ -298,8 +298,7 @@ def lora_rows(report: dict, rows: list, dry_run: bool) -> None:
     tg.lora_ttt(run)
     tg.synchronize(layout.device)
     ms = tg.ms_since(t0)
-    chunks = range(-(-(hp.eval_window - 1) // hp.ttt_chunk_size))
-    positions = hp.ttt_batch_size * sum(min((c + 1) * hp.ttt_chunk_size, hp.eval_window) for c in chunks)
+    positions = ttt_positions(hp.eval_window - 1, hp)
     forward = count_flops_per_token(model, hp) / 3  # after the loop switch
     peak = peak_flops(report["device"])
     mfu = 100 * 2 * forward * positions / (ms / 1000) / peak if peak else None

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flops import count_flops_per_token, peak_flops
+from flops import count_flops_per_token, peak_flops, ttt_positions
 from run_files import ROOT, tg  # puts the repository's root on sys.path
 from records.packing import pack_source  # noqa: E402
 
@@ -123,11 +123,7 @@ def lora_positions(hp: tg.Hyperparameters) -> float:
     batches = -(-LENGTHS["documents"] // LENGTHS["batch_size"])
     longest = np.interp(np.arange(1, batches + 1), known[:, 0], known[:, 2])  # each field batch's longest
     per_group = max(1, hp.ttt_batch_size // LENGTHS["batch_size"])
-    positions = 0.0
-    for length in longest[per_group - 1::per_group]:
-        chunks = np.arange(int(np.ceil((length - 1) / hp.ttt_chunk_size)))
-        positions += hp.ttt_batch_size * np.minimum((chunks + 1) * hp.ttt_chunk_size, hp.eval_window).sum()
-    return positions
+    return sum(ttt_positions(length - 1, hp) for length in longest[per_group - 1::per_group])
 
 
 def saved_for_backward(model: tg.GPT, hp: tg.Hyperparameters, gpus: int) -> None:
