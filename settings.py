@@ -5,17 +5,12 @@ train_gpt.py imports this module when it sits beside it: names that look like se
 and so are values the settings alone make impossible. A record folder's copy of train_gpt.py runs
 without it, unchecked, and its log says so. Checks that need the data, the tokenizer or the number of
 processes stay in the trainer. This module imports nothing of the trainer: it reads train_gpt.py's
-source for the help, and is handed the settings it checks.
-
-    python settings.py                    # the settings as README.md's table
-    python settings.py --write README.md  # replace the README's table with it
+source for the help (and for tools/settings_table.py's table), and is handed the settings it checks.
 """
 
-import argparse
 import difflib
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 TRAINER = Path(__file__).with_name("train_gpt.py")
@@ -140,8 +135,7 @@ def problems(hp):
     return found
 
 
-# ---- --help and README.md's table ----
-HEADER = "| variable | default | meaning |"
+# ---- --help ----
 # A field of Hyperparameters: its name, its default, its comment (methods are indented deeper).
 FIELD = re.compile(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", re.M)
 
@@ -158,38 +152,3 @@ def help_text():
     """train_gpt.py --help: one aligned line per setting."""
     return "\n".join(f"{name:<27} {default:<13} {meaning}" for name, default, meaning in rows())
 
-
-def table():
-    """The markdown table, ending in a newline."""
-    lines = [HEADER, "|---|---|---|"]
-    for name, default, meaning in rows():
-        meaning = meaning.replace("|", "\\|")  # a bare | would split the cell
-        lines.append(f"| `{name}` | {default} | {meaning} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_table(path):
-    """Replace the table in path: from its HEADER line to the first blank line after it."""
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    if HEADER + "\n" not in lines:
-        sys.exit(f"{path}: no line '{HEADER}' to replace")
-    start = lines.index(HEADER + "\n")
-    end = start
-    while end < len(lines) and lines[end].strip():
-        end += 1
-    lines[start:end] = [table()]
-    path.write_text("".join(lines), encoding="utf-8")
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", type=Path, metavar="README.md", help="replace the table in this file")
-    args = parser.parse_args()
-    if args.write:
-        write_table(args.write)
-    else:
-        print(table(), end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,7 @@ It runs on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one G
 
 Every setting is an environment variable, named as the field names it; settings.py beside it checks them and
 makes --help. Rank 0 writes logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line.
-Checkpoints (SAVE_EVERY, RESUME) live in checkpoints.py, the code packer in records/packing.py. Cap: 1500 lines."""
+Checkpoints (SAVE_EVERY, RESUME) live in checkpoints.py, the code packer in tools/packing.py. Cap: 1500 lines."""
 
 from __future__ import annotations
 
@@ -1070,9 +1070,9 @@ def export(run, hessians=None):
     t0 = time.perf_counter()
     path = Path(hp.artifact_dir) / f"{hp.run_id}_model.{hp.export_tag}.ptz"
     blob = save_artifact(run.model.state_dict(), path if run.layout.local_rank == 0 else None, hp, hessians)
-    code = run.source  # PACK_CODE=1: what a record folder holds, packed by records/packing.py
+    code = run.source  # PACK_CODE=1: what a record folder holds, packed by tools/packing.py
     if hp.pack_code:
-        code = importlib.import_module("records.packing").pack_source(code)
+        code = importlib.import_module("tools.packing").pack_source(code)
     total = len(code) + len(blob)
     ms = ms_since(t0)
     name = hp.export_tag.replace("_", "+")
@@ -1388,8 +1388,8 @@ def setup(environ=os.environ) -> Run:
         writable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
         require(writable, f"{name.upper()}={folder}: {existing} is not a writable directory; choose another")
     require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
-    packer = not hp.pack_code or importlib.util.find_spec("records") is not None  # records/packing.py
-    require(packer, "PACK_CODE=1: records/packing.py is not beside this train_gpt.py; run the repository's")
+    packer = not hp.pack_code or importlib.util.find_spec("tools") is not None  # tools/packing.py
+    require(packer, "PACK_CODE=1: tools/packing.py is not beside this train_gpt.py; run the repository's")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
     val = load_validation(hp, tokenizer, (rank, world_size), device)  # each rank checks its documents

@@ -17,7 +17,7 @@ The settings come from the environment, as for train_gpt.py (and are validated t
   seconds at each --mfu;
 - the artifact's bytes: train_gpt.save_artifact on the model with every quantized matrix drawn from a
   normal distribution (a trained matrix's rows are close to normal: README, "The record track"), plus
-  this train_gpt.py's bytes (packed by records/packing.py with PACK_CODE=1), against the 16,000,000 cap;
+  this train_gpt.py's bytes (packed by tools/packing.py with PACK_CODE=1), against the 16,000,000 cap;
 - with --memory, what one TRAIN_SEQ_LEN sequence saves for the backward pass (eager, bf16 autocast on this
   CPU, after the loop switch; the bf16 copies of the weights included): times the sequences each GPU
   takes per micro-step, an estimate of the activations' peak memory (torch.compile on CUDA saves less).
@@ -33,7 +33,7 @@ import torch
 
 from flops import count_flops_per_token, peak_flops, ttt_positions
 from run_files import ROOT, tg  # puts the repository's root on sys.path
-from records.packing import pack_source  # noqa: E402
+from tools.packing import pack_source  # noqa: E402
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import torch
 
 import train_gpt as tg
 from conftest import ROOT, randomize, tiny_hp
-from records.packing import PACKED_HEAD, pack_source
+from tools.packing import PACKED_HEAD, pack_source
 
 
 def rows_error(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

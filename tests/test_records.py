@@ -1,4 +1,4 @@
-"""records/: make, check, compare and summarize. Three seeds of a real tiny run (made here, on the conftest data,
+"""tools/ on records/: make, check, compare and summarize. Three seeds of a real tiny run (made here, on the conftest data,
 with PACK_CODE=1) go through make -> check -> tamper -> check; synthetic logs in the exact log format cover the
 rules a tiny run cannot reach (16 MB caps, 10-minute limits, 8xH100 hardware)."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "records"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import check_record  # noqa: E402
 import compare  # noqa: E402

@@ -1,4 +1,4 @@
-"""records/ in the challenge's format: the log lines train_gpt.py gained (final_eval_total, packed code size,
+"""tools/ on records/ in the challenge's format: the log lines train_gpt.py gained (final_eval_total, packed code size,
 `error: rank` failures, progress lines), the evaluation-time rules per track, the track's spelling, authors
 that come from the user and are never invented, requirements.txt, the README's sections, and compare.py
 against a record folder written as the challenge's accepted folders are. Synthetic logs only: milliseconds."""
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_records import (FAKE_SOURCE, ROOT, TRACKS, edit_json, make, make_record, only_problem,  # noqa: E402
                           seed_logs, write_log)
 
-import check_record  # noqa: E402  (records/ is on sys.path through test_records)
+import check_record  # noqa: E402  (tools/ is on sys.path through test_records)
 import compare  # noqa: E402
 import runlog  # noqa: E402
 import summarize  # noqa: E402
@@ -209,7 +209,7 @@ def test_compare_reads_the_challenges_folders_per_byte(tmp_path, capsys):
 
 
 def test_check_record_command_line_passes_on_the_committed_records():
-    proc = subprocess.run([sys.executable, str(ROOT / "records" / "check_record.py"),
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "check_record.py"),
                            *map(str, sorted((ROOT / "records" / "track_cpu").glob("*/")))],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.count("OK ") == 4, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""records/ on the challenge's own record folders: the one log reader on each generation of the
+"""tools/ on the challenge's own record folders: the one log reader on each generation of the
 field's logs (tests/fixtures/records: a few lines of each, written for these tests), summarize,
 check and compare on folders in each shape the field's submission.json takes. Milliseconds."""
 
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "records"
-sys.path.insert(0, str(ROOT / "records"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import runlog  # noqa: E402
 

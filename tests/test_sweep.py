@@ -1,4 +1,4 @@
-"""records/sweep.py and summarize.py's tables: a sweep of two settings x two seeds with a fake trainer (a script
+"""tools/sweep.py and summarize.py's tables: a sweep of two settings x two seeds with a fake trainer (a script
 written here that writes train_gpt.py's log format in milliseconds, its numbers set by SEED and MATRIX_LR),
 reruns that skip finished runs, failures reported with their error, and one real tiny train_gpt.py run."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "records"))
+sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import summarize  # noqa: E402

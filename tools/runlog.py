@@ -50,8 +50,9 @@ from pathlib import Path
 # PACK_CODE=1: the counted code is a two-line self-extractor (lzma + base85) of the minified source
 from packing import pack_source, unpack
 
-RECORDS_DIR = Path(__file__).resolve().parent
-TRACKS_PATH = RECORDS_DIR / "tracks.json"
+TOOLS_DIR = Path(__file__).resolve().parent
+RECORDS_DIR = TOOLS_DIR.parent / "records"
+TRACKS_PATH = TOOLS_DIR / "tracks.json"
 
 SOURCE_HEADER = re.compile(
     rb"==== train_gpt\.py source bytes:(\d+) sha256:([0-9a-f]{64}) ====\n")
@@ -740,7 +741,7 @@ _PACKED = {}  # source sha256 -> its packing, made once per process (lzma at its
 
 def pack_logged_source(source: bytes, filename: str) -> bytes:
     """What PACK_CODE=1 counted: the logged script's own pack_source of the logged source (scripts since
-    2026-11-25 have none: records/packing.py packed them)."""
+    2026-11-25 have none: tools/packing.py packed them)."""
     key = sha256_hex(source)
     if key not in _PACKED:
         own = getattr(import_source(source, filename), "pack_source", None)

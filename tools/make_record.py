@@ -1,7 +1,7 @@
 """Turn finished runs (their logs/<RUN_ID>.txt) into a record folder
 records/<track>/YYYY-MM-DD_<ShortName>/.
 
-    python records/make_record.py --track track_10min_16mb --name "Sp8192 Stack" \\
+    python tools/make_record.py --track track_10min_16mb --name "Sp8192 Stack" \\
         --author "Ada Lovelace" --github-id ada \\
         --blurb "What this record does, in a sentence or two." \\
         logs/seed1.txt logs/seed2.txt logs/seed3.txt
@@ -20,7 +20,7 @@ and `git config github.user`; without them make refuses rather than inventing on
 checked against the track's rules first, and the finished folder is run through
 check_record.py; on any problem nothing is left behind. An existing folder is never
 overwritten. Settings are read by their current names, or the names older logs used
-(records/runlog.py's FORMER_NAMES: TTT for TTT_ENABLED, ...).
+(tools/runlog.py's FORMER_NAMES: TTT for TTT_ENABLED, ...).
 """
 
 import argparse
@@ -278,8 +278,8 @@ def compliance_section(runs, sub: dict, track_name: str, track: dict) -> str:
         f"{yes[c['calibration_inside_budget']]} |",
         f"| three seeds | 3 | {len(runs)} | {yes[c['three_seeds']]} |",
         "",
-        f"`submission.json`'s `compliance` says the same; `python records/check_record.py` "
-        f"recomputes it from the logs ({track_name}'s limits are in `records/tracks.json`).",
+        f"`submission.json`'s `compliance` says the same; `python tools/check_record.py` "
+        f"recomputes it from the logs ({track_name}'s limits are in `tools/tracks.json`).",
     ])
 
 
@@ -287,7 +287,7 @@ def pr_section(folder_name: str, track_name: str, track: dict) -> str:
     if not track.get("challenge_pr"):
         return (f"`{track_name}` is this repository's own track; the challenge has no such "
                 f"track, so there is no pull request to open. A record here is compared and "
-                f"checked with `records/compare.py` and `records/check_record.py`.")
+                f"checked with `tools/compare.py` and `tools/check_record.py`.")
     where = f"records/{track_name}/{folder_name}"
     return (f"Copy this folder into a fork of openai/parameter-golf, under "
             f"`records/{track_name}/`; the pull request adds only this folder. The model "
@@ -317,7 +317,7 @@ def readme_for(runs, sub: dict, track_name: str, track: dict, folder_name: str) 
     if packed(runs[0]):
         packed_note = ("\n\n`train_gpt.py` here is packed (`PACK_CODE=1`): the readable "
                        "source it packs is embedded at the top of each log, and "
-                       "`records/check_record.py` proves the two are the same program.")
+                       "`tools/check_record.py` proves the two are the same program.")
     commands = "\n".join(from_folder(r.command) for r in runs)
     seeds = f"{n} seed{'s' * (n != 1)}"
     return f"""# {sub['name']}
@@ -416,7 +416,7 @@ def make_record(args) -> Path:
     tracks = load_tracks()
     if args.track not in tracks:
         raise SystemExit(f"--track {args.track!r} is not one of {', '.join(tracks)} "
-                         f"(records/tracks.json)")
+                         f"(tools/tracks.json)")
     track = tracks[args.track]
     folder_name = f"{args.date}_{args.short_name}"
     if FOLDER_NAME.fullmatch(folder_name) is None:
@@ -458,7 +458,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", type=Path, help="logs/<RUN_ID>.txt of each seed")
     parser.add_argument("--track", required=True,
-                        help="a track in records/tracks.json, e.g. track_10min_16mb")
+                        help="a track in tools/tracks.json, e.g. track_10min_16mb")
     parser.add_argument("--name", required=True, help="the record's title, e.g. 'Naive Baseline'")
     parser.add_argument("--author", help="your name (default: git config user.name)")
     parser.add_argument("--github-id", help="your GitHub login (default: git config github.user)")
@@ -475,7 +475,7 @@ def main(argv=None) -> int:
     args.short_name = args.short_name or short_name_from(args.name)
     folder = make_record(args)
     print(f"wrote {folder}; fill in its README.md's 'What changed', then run: "
-          f"python records/check_record.py {folder}")
+          f"python tools/check_record.py {folder}")
     return 0
 
 

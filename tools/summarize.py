@@ -1,13 +1,13 @@
 """One table for a set of runs: every run log in the folders given, sorted by score, or grouped.
 
-    python records/summarize.py logs
-    python records/summarize.py logs --group --baseline "MATRIX_LR=0.04"   # mean ± std, Welch
-    python records/summarize.py logs --csv runs.csv --json runs.json --plots plots/   # matplotlib
-    python records/summarize.py ../parameter-golf/records/track_10min_16mb/*/ --group
+    python tools/summarize.py logs
+    python tools/summarize.py logs --group --baseline "MATRIX_LR=0.04"   # mean ± std, Welch
+    python tools/summarize.py logs --csv runs.csv --json runs.json --plots plots/   # matplotlib
+    python tools/summarize.py ../parameter-golf/records/track_10min_16mb/*/ --group
 
 A folder's logs are its `*.log` and `*.txt`, in it and its subfolders (`logs/`): ours
 (train_gpt.py's, with its source at the top) and the challenge's, of every generation the field
-wrote; each goes through records/runlog.py, and every other file is named with the reason it was
+wrote; each goes through tools/runlog.py, and every other file is named with the reason it was
 skipped.
 
 Per run: the env vars whose values differ from the script's defaults (read from the source
@@ -19,8 +19,8 @@ error its log ends on). Settings shared by every run are printed once above the 
 
 --group: runs that differ only in SEED are one configuration (a challenge folder is one): mean
 ± std of the score over its finished seeds, and with --baseline, the challenge's one-sided Welch
-test (records/compare.py: 0.005 nats, p < 0.01) of each against the baseline.
-records/sweep.py prints the same table for the runs it launched.
+test (tools/compare.py: 0.005 nats, p < 0.01) of each against the baseline.
+tools/sweep.py prints the same table for the runs it launched.
 """
 
 import argparse
@@ -501,7 +501,7 @@ def report(results: list[Result], common: dict, grouped: bool,
         lines.append(format_table(rows, CONFIG_COLUMNS))
         if baseline is not None:
             lines.append(f"verdict: one-sided Welch test against {baseline.label}: "
-                         f"improvement > {margin} nats at p < {alpha} (records/compare.py)")
+                         f"improvement > {margin} nats at p < {alpha} (tools/compare.py)")
         by_label = {c.label: c for c in configs}
         grouped_rows = []
         for row in rows:

@@ -1,10 +1,10 @@
 """Run settings x seeds of train_gpt.py, N at a time, and print one table: mean ± std per configuration and the
 challenge's significance verdict against a baseline configuration.
 
-    python records/sweep.py --name lr_ttt --grid "MATRIX_LR=0.02,0.03 TTT_LORA_LR=0.0001,0.0003" --seeds 1,2,3 \\
+    python tools/sweep.py --name lr_ttt --grid "MATRIX_LR=0.02,0.03 TTT_LORA_LR=0.0001,0.0003" --seeds 1,2,3 \\
         --base "NUM_LAYERS=11 ITERATIONS=20000" --baseline "MATRIX_LR=0.03 TTT_LORA_LR=0.0001" --gpus 0,1,2,3,4,5,6,7 \\
         -- torchrun --standalone --nproc_per_node=1 train_gpt.py
-    python records/sweep.py --name lrs --configs lrs.txt --seeds 1,2 --cpu-threads 1 --parallel 2 -- python train_gpt.py
+    python tools/sweep.py --name lrs --configs lrs.txt --seeds 1,2 --cpu-threads 1 --parallel 2 -- python train_gpt.py
 
 Configurations: --grid "NAME=v1,v2 NAME=v3,v4" (every combination), or --configs FILE (one configuration a line,
 `NAME=value NAME=value`; `#` comments; a line `-` is the base command alone). Each configuration x seed is one
@@ -15,7 +15,7 @@ with --cpu-threads T, each run gets OMP_NUM_THREADS=T.
 
 A run whose log already holds a score is skipped, so a rerun of the same command finishes an interrupted sweep;
 a failed run's log is moved to <out>/failed/ and the run is started again. Failures are reported with the end of
-their log's error (`error: rank ...` and its traceback), or of their stderr. The table (records/summarize.py's,
+their log's error (`error: rank ...` and its traceback), or of their stderr. The table (tools/summarize.py's,
 per configuration: score mean ± std over seeds, one-sided Welch test against --baseline at 0.005 nats and p < 0.01,
 pre-quantization and round-trip val_bpb, quantization gap, train and eval time, artifact bytes) goes to stdout and
 <out>/summary.txt, .csv and .json, with val_bpb curves against step and training time in <out>/*.png (matplotlib,

@@ -1,8 +1,8 @@
 """Check a record folder, ours or the challenge's, and print every finding, not only the first.
 
-    python records/check_record.py records/track_cpu/2026-01-01_Baseline
-    python records/check_record.py --deep records/track_cpu/2026-01-01_Baseline  # re-score too
-    python records/check_record.py ../parameter-golf/records/track_10min_16mb/*/
+    python tools/check_record.py records/track_cpu/2026-01-01_Baseline
+    python tools/check_record.py --deep records/track_cpu/2026-01-01_Baseline  # re-score too
+    python tools/check_record.py ../parameter-golf/records/track_10min_16mb/*/
 
 A folder is ours when its logs embed train_gpt.py's source (our header) or its submission.json
 has our fields (score_line, script_sha256); any other folder is checked as the challenge's.
@@ -461,7 +461,7 @@ def resolve_track(sub: dict, folder: Path, tracks: dict) -> tuple[str | None, li
                           f"as the challenge does: {tracks[spelled]['challenge_name']!r}"]
         known = ", ".join(repr(t["challenge_name"]) for t in tracks.values())
         return None, [f"submission.json: track {spelled!r} is not one of {known} "
-                      f"(records/tracks.json)"]
+                      f"(tools/tracks.json)"]
     parent = folder.resolve().parent.name
     if parent != track_name:
         return track_name, [f"{folder}: lives in {parent}/ but submission.json says track "

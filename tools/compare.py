@@ -1,9 +1,9 @@
 """Is a candidate a new record? A one-sided Welch t-test on per-seed scores, the challenge's way.
 
-    python records/compare.py records/track_cpu/2026-02-01_Candidate records/track_cpu/2026-01-01_Base
-    python records/compare.py 2.5012,2.5031,2.4998 2.5124,2.5140,2.5101      # val_loss values
-    python records/compare.py --per-byte 1.2012,1.2031,1.1998 1.2124,1.2140,1.2101   # val_bpb
-    python records/compare.py ../parameter-golf/records/track_10min_16mb/2026-04-10_VarLenAttn \\
+    python tools/compare.py records/track_cpu/2026-02-01_Candidate records/track_cpu/2026-01-01_Base
+    python tools/compare.py 2.5012,2.5031,2.4998 2.5124,2.5140,2.5101      # val_loss values
+    python tools/compare.py --per-byte 1.2012,1.2031,1.1998 1.2124,1.2140,1.2101   # val_bpb
+    python tools/compare.py ../parameter-golf/records/track_10min_16mb/2026-04-10_VarLenAttn \\
         ../parameter-golf/records/track_10min_16mb/2026-04-09_SP8192_3LayerRecur_ParResid_QK525_LegalTTT
 
 Each side is a record folder (ours, or one of the challenge's), a submission.json, or
