@@ -4,9 +4,14 @@ when SAVE_EVERY or RESUME is set (a 10-minute record run never checkpoints) and 
 A checkpoint is a folder CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/ holding state.pt (weights, optimizer states and
 EMA: tensors only) and meta.json (the loop state, the data position, every setting). It is written as
 step_NNNNNN.tmp/ and renamed once complete, so a killed write leaves the earlier checkpoints as they were.
-A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once."""
+One that cannot be written (a full disk) is a warning, and training goes on: the earlier checkpoints stand.
+A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once.
 
-import glob
+This module imports nothing of train_gpt.py: the trainer hands the Keeper what it uses of it."""
+
+import errno
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -22,10 +27,13 @@ import torch.distributed as dist
 import settings
 
 # A resume refuses a checkpoint that differs in any of these: its weights would not fit, or mean another model.
+# tests/test_checkpoints.py fails when the model reads a setting that is in neither this list nor the next.
 MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
                         "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
                         "smear_gate_enabled", "bigram_vocab_size", "bigram_dim", "loop_start", "loop_end",
                         "num_loops", "parallel_start_layer", "skip_gates_enabled", "sparse_attn_gate_enabled")
+# The model reads these only to initialize weights, which a resume replaces: they may differ.
+INIT_ONLY_SETTINGS = ("qk_gain_init", "ortho_init", "tied_embed_init_std")
 
 
 def checkpoint_folders(root: Path) -> list[Path]:
@@ -53,15 +61,29 @@ class StopSignal:
             os._exit(128 + signum)
 
 
+def sha256(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class Keeper:
     """The checkpoints of one run: the resume (checked at startup), then periodic and signalled saves.
-    trainer is the train_gpt module that imported this one (its errors, loop state and loader)."""
+    From the trainer: its source and training shards (a resume's data position is checked against them), the
+    error it prints without a traceback, its LoopState, and for a signalled stop its launch_command(environ)
+    and shutdown(run)."""
 
-    def __init__(self, hp, source: bytes, trainer):
+    def __init__(self, hp, source: bytes, shards: list, error, loop_state, launch_command, shutdown):
         self.hp = hp
-        self.tg = trainer
-        self.source_sha256 = trainer.sha256(source)
+        self.source_sha256 = sha256(source)
+        self.shards = shards
+        self.error = error
+        self.loop_state = loop_state
+        self.launch_command = launch_command
+        self.shutdown = shutdown
         self.stop = None
+        folder = Path(hp.checkpoint_dir)
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+            raise error(f"CHECKPOINT_DIR={folder}: {existing} is not a writable directory; choose another")
         self.meta = self.resolve_resume() if hp.resume else None
 
     @property
@@ -70,21 +92,21 @@ class Keeper:
 
     def describe(self) -> str:
         code = Path(__file__).read_bytes()
-        return f"checkpoints: {Path(__file__).name} bytes:{len(code)} sha256:{self.tg.sha256(code)}"
+        return f"checkpoints: {Path(__file__).name} bytes:{len(code)} sha256:{sha256(code)}"
 
     def continues_log(self) -> bool:
         """Whether this run continues its own log: a resume of this RUN_ID by the same script."""
         if not self.meta or self.meta["run_id"] != self.hp.run_id:
             return False
         if self.meta["source_sha256"] != self.source_sha256:
-            raise self.tg.ConfigError(f"RUN_ID={self.hp.run_id}: its log exists and the script changed since "
+            raise self.error(f"RUN_ID={self.hp.run_id}: its log exists and the script changed since "
                                       "the checkpoint; continue it under a new RUN_ID")
         return True
 
     def resolve_resume(self) -> dict:
         """RESUME as a checkpoint folder (latest: the newest of RUN_ID), its meta read and checked: a
         damaged checkpoint, another model's, or one with a later history of its own is refused."""
-        hp, error = self.hp, self.tg.ConfigError
+        hp, error = self.hp, self.error
         root = Path(hp.checkpoint_dir) / hp.run_id
         folder = Path(hp.resume)
         if hp.resume == "latest":
@@ -125,18 +147,18 @@ class Keeper:
         if missing:
             raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
         index, pos = meta["loader"]
-        shards = sorted(glob.glob(self.tg.train_pattern(self.hp)))
-        in_data = 0 <= index < len(shards) and 0 <= pos <= len(self.tg.shard_tokens(shards[index]))
+        in_data = 0 <= index < len(self.shards) and 0 <= pos <= len(self.shards[index])
         if not in_data:
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
         return meta
 
     def restore(self, run, optimizers: list, ema, loader):
-        """Listen for signals; with RESUME, load the checkpoint into this run, whatever its world size.
-        Returns the loop state to go on from."""
+        """Log this module's fingerprint and listen for signals; with RESUME, load the checkpoint into this
+        run, whatever its world size. Returns the loop state to go on from."""
+        run.log(self.describe())
         self.stop = StopSignal()
         if not self.meta:
-            return self.tg.LoopState()
+            return self.loop_state()
         folder = Path(self.hp.resume)
         saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
         run.model.load_state_dict(saved["model"])  # its loop phase too
@@ -146,7 +168,7 @@ class Keeper:
         if ema.params is not None:  # an EMA turned on at the resume starts from the resumed weights
             torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in run.model.parameters()])
         loader.position = list(self.meta["loader"])
-        LoopState = self.tg.LoopState
+        LoopState = self.loop_state
         state = LoopState(**{f.name: self.meta.get(f.name, f.default) for f in fields(LoopState)})
         run.log(f"resume: from {folder} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
         return state
@@ -159,38 +181,58 @@ class Keeper:
 
     def save(self, run, optimizers: list, ema, loader, state, signum: int) -> None:
         """Rank 0 writes the checkpoint; then local rank 0 of each node that cannot see it (no shared file
-        system) writes a copy. After a signal, the run stops here with the command that resumes it."""
+        system) writes a copy. One that cannot be written is a warning. After a signal, the run stops here
+        with the command that resumes the newest whole checkpoint."""
         layout = run.layout
-        folder = Path(self.hp.checkpoint_dir) / self.hp.run_id / f"step_{state.step:06d}"
+        root = Path(self.hp.checkpoint_dir) / self.hp.run_id
+        folder = root / f"step_{state.step:06d}"
         contents = (run, optimizers, ema, loader, state)
+        unwritten = None
         if layout.rank == 0:
-            self.write(folder, *contents)
+            unwritten = self.write(folder, *contents)
         if layout.distributed:
             dist.barrier()
         if layout.local_rank == 0 and layout.rank != 0 and not folder.exists():
-            self.write(folder, *contents)
+            unwritten = self.write(folder, *contents)
+            if unwritten:  # this node's own copy: its console says so, as rank 0's log cannot
+                print(unwritten, file=sys.stderr, flush=True)
         if layout.distributed:
             dist.barrier()
         why = signal.Signals(signum).name if signum else "periodic"
-        run.log(f"checkpoint: {folder} step:{state.step} ({why})")
+        if unwritten:
+            run.log(unwritten if signum else f"{unwritten}; training goes on")
+        else:
+            run.log(f"checkpoint: {folder} step:{state.step} ({why})")
         if signum:
-            environ = {**os.environ, "RESUME": str(folder), "RUN_ID": self.hp.run_id}
-            command = self.tg.launch_command(environ)
-            run.log(f"stopped by {why} after step:{state.step}; resume with: {command}")
-            self.tg.shutdown(run)
+            whole = checkpoint_folders(root)
+            environ = {**os.environ, "RESUME": str(whole[-1]) if whole else "", "RUN_ID": self.hp.run_id}
+            then = f"resume with: {self.launch_command(environ)}" if whole else "no checkpoint to resume from"
+            run.log(f"stopped by {why} after step:{state.step}; {then}")
+            self.shutdown(run)
             sys.exit(128 + signum)
 
-    def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> None:
+    def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> str | None:
+        """The checkpoint whole or not at all; returns None, or the warning that says why not."""
         tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         adam, muon = optimizers
         tensors = {"model": run.model.state_dict(), "adam": adam.state_dict(), "muon": muon.state_dict(),
                    "ema": ema.params}  # training draws no random numbers: no generator state
-        torch.save(tensors, tmp / "state.pt")
         meta = dict(run_id=self.hp.run_id, source_sha256=self.source_sha256, world_size=run.layout.world_size,
                     loader=loader.position, hyperparameters=asdict(self.hp), **asdict(state))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        state_pt = io.BytesIO()  # made in memory: its size is known before the disk is touched
+        torch.save(tensors, state_pt)
+        meta_json = json.dumps(meta, indent=1).encode()
+        needed = state_pt.tell() + len(meta_json)
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            if shutil.disk_usage(tmp).free < needed:  # not filled to the last byte, the log beside it
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            (tmp / "state.pt").write_bytes(state_pt.getbuffer())
+            (tmp / "meta.json").write_bytes(meta_json)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return self.unwritten(folder, needed, e)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         root = folder.parent
@@ -199,6 +241,17 @@ class Keeper:
             stale += checkpoint_folders(root)[:-self.hp.keep_checkpoints]
         for old in stale:
             shutil.rmtree(old)
+        return None
+
+    def unwritten(self, folder: Path, needed: int, error: OSError) -> str:
+        """One line: which folder, the bytes needed and free, the checkpoint that RESUME can still use."""
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        whole = checkpoint_folders(folder.parent) if folder.parent.is_dir() else []
+        newest = f"the newest whole one is {whole[-1]} (RESUME=latest)" if whole else "there is no earlier one"
+        return (f"WARNING: checkpoint {folder.name} not written: CHECKPOINT_DIR={self.hp.checkpoint_dir}: "
+                f"{error.strerror}: it needs {needed} bytes and {free} are free; {newest}; free space there or "
+                "set CHECKPOINT_DIR to another disk")
 
     def close(self) -> None:  # training is over: a signal now stops the export, with no checkpoint
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

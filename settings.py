@@ -67,12 +67,12 @@ def refused_names(environ, names):
             continue
         typo = difflib.get_close_matches(name, names, 1, 0.9)
         if name in INSTEAD:
-            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (README, \"Retired settings\")"
+            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
             refused.append(f"{name}={value}: {fix}")
         elif typo:
             refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
         elif name.startswith(FIELD_LACKS):
-            refused.append(f"{name}={value}: the field's, not here (README, \"Commands from the field\")")
+            refused.append(f"{name}={value}: the field's, not here (docs/GPU.md, \"Commands from the field\")")
     return refused
 
 
@@ -124,6 +124,8 @@ def problems(hp):
     if hp.compressor in ("brotli", "zpaq"):
         installed = importlib.util.find_spec(hp.compressor)
         require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")
+    packer = Path(__file__).with_name("tools") / "packing.py"  # which train_gpt.py imports to pack itself
+    require(not hp.pack_code or packer.is_file(), f"PACK_CODE=1: {packer} is missing; run the repository's")
     # GPTQ under a wallclock cap calibrates on training data inside the budget: seconds kept for it
     reserve = hp.gptq_reserve_seconds
     if hp.gptq and hp.max_wallclock_seconds > 0:

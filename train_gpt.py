@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -45,9 +46,6 @@ class ConfigError(ValueError):
 def require(ok, message):
     if not ok:
         raise ConfigError(message)
-
-def sha256(data):  # the log's, the artifact's and the checkpoints' fingerprint
-    return hashlib.sha256(data).hexdigest()
 
 @dataclass
 class Hyperparameters:
@@ -1020,7 +1018,13 @@ def save_artifact(state_dict, path, hp, hessians=None):
     blob = compress(buffer.getvalue())
     if path is not None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes sharing the folder rename their own
-        tmp.write_bytes(blob)
+        try:
+            tmp.write_bytes(blob)
+        except OSError as e:  # a full disk: one line, and no partial file left on it
+            tmp.unlink(missing_ok=True)
+            free = shutil.disk_usage(path.parent).free
+            raise ConfigError(f"ARTIFACT_DIR={path.parent}: {e.strerror}: the artifact needs {len(blob)} "
+                              f"bytes and {free} are free; free space there or set ARTIFACT_DIR elsewhere")
         os.replace(tmp, path)
     return blob
 
@@ -1080,7 +1084,8 @@ def export(run, hessians=None):
     packed = f" (packed from {len(run.source)}: PACK_CODE=1)" if code != run.source else ""
     log(f"Code size: {len(code)} bytes{packed}")
     log(f"Total submission size {name}: {total} bytes")
-    log(f"artifact: {path.as_posix()} bytes:{len(blob)} sha256:{sha256(blob)} export_time:{ms:.0f}ms")
+    log(f"artifact: {path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()} "
+        f"export_time:{ms:.0f}ms")
     if total > 16_000_000:
         log(f"WARNING: submission is {total} bytes, over the 16,000,000-byte cap: it cannot be a record")
     return blob
@@ -1308,10 +1313,10 @@ class RunLog:
     path: Path | None = None  # None: lines go nowhere (tests, tools)
     is_main: bool = True  # the other ranks write only their errors
     def write_header(self, run, command):
-        source = run.source
+        digest = hashlib.sha256(run.source).hexdigest()
         with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
-            f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{sha256(source)} ====\n".encode())
-            f.write(source + b"\n==== end of source ====\n")
+            f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
+            f.write(run.source + b"\n==== end of source ====\n")
         versions = f"versions: python:{platform.python_version()} torch:{torch.__version__}"
         self(versions, console=False)
         self(describe_hardware(run.layout), console=False)
@@ -1382,21 +1387,19 @@ def setup(environ=os.environ) -> Run:
     head_dim = hp.model_dim // hp.num_heads
     if layout.cuda and layout.use_bf16:
         require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
-    for name in ("artifact_dir", "checkpoint_dir"):
-        folder = Path(getattr(hp, name))
-        existing = next(p for p in (folder, *folder.parents) if p.exists())
-        writable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
-        require(writable, f"{name.upper()}={folder}: {existing} is not a writable directory; choose another")
+    folder = Path(hp.artifact_dir)  # CHECKPOINT_DIR: checkpoints.py's
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    writable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+    require(writable, f"ARTIFACT_DIR={folder}: {existing} is not a writable directory; choose another")
     require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
-    packer = not hp.pack_code or importlib.util.find_spec("tools") is not None  # tools/packing.py
-    require(packer, "PACK_CODE=1: tools/packing.py is not beside this train_gpt.py; run the repository's")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
+    shards = load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
     val = load_validation(hp, tokenizer, (rank, world_size), device)  # each rank checks its documents
     source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     keeper = None
-    if hp.save_every or hp.resume:  # what a record never does lives beside this file
-        keeper = importlib.import_module("checkpoints").Keeper(hp, source, sys.modules[__name__])
+    if hp.save_every or hp.resume:  # what a record never does lives beside this file, handed what it uses
+        keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError, LoopState,
+                                                               launch_command, shutdown)
     log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
         raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
@@ -1429,8 +1432,6 @@ def start(run):
         run.log.write_header(run, launch_command())
     if settings_module() is None:
         run.log("settings: not checked: settings.py is not beside this train_gpt.py")
-    if run.keeper:
-        run.log(run.keeper.describe())
     print(f"logfile: {run.log.path}")
 
 def build_model(run):

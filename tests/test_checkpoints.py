@@ -2,21 +2,26 @@
 refused resumes, and the graceful stop on SIGTERM (with SAVE_EVERY or RESUME set: only then is
 it imported)."""
 
+import dataclasses
+import errno
 import hashlib
 import json
+import os
 import re
 import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, run_trainer, tiny_hp
+from conftest import ROOT, all_on_hp, new_keeper, run_trainer, tiny_hp
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
@@ -167,7 +172,7 @@ class Training:
 
     def save(self, step: int):
         """A periodic checkpoint at step; returns its folder."""
-        keeper = checkpoints.Keeper(self.hp, self.run.source, tg)
+        keeper = new_keeper(self.hp, self.run.source)
         state = tg.LoopState(step=step)
         keeper.save(self.run, self.optimizers, self.ema, self.loader, state, 0)
         return self.root / f"step_{step:06d}"
@@ -175,7 +180,7 @@ class Training:
 
 def keeper_for(hp: tg.Hyperparameters) -> checkpoints.Keeper:
     """The Keeper a run with these settings builds at startup: it resolves RESUME, or refuses."""
-    return checkpoints.Keeper(hp, b"source", tg)
+    return new_keeper(hp)
 
 
 def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
@@ -183,19 +188,19 @@ def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, 
     training.step()
     first = training.save(1)
     training.step()
-    real_save = torch.save
-    calls = []
+    real_write = Path.write_bytes
 
-    def dying_save(obj, path, *args, **kwargs):  # the checkpoint's state.pt never gets written
-        calls.append(path)
-        if len(calls) == 1:
-            raise OSError("killed mid-write")
-        return real_save(obj, path, *args, **kwargs)
+    class Killed(BaseException):  # a kill mid-write: no handler runs
+        pass
 
-    monkeypatch.setattr(torch, "save", dying_save)
-    with pytest.raises(OSError, match="killed mid-write"):
+    def dying_write(path, data):  # the checkpoint's state.pt is half written when the process dies
+        real_write(path, bytes(data)[:len(data) // 2])
+        raise Killed
+
+    monkeypatch.setattr(Path, "write_bytes", dying_write)
+    with pytest.raises(Killed):
         training.save(2)
-    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(Path, "write_bytes", real_write)
     folders = checkpoints.checkpoint_folders(training.root)
     assert folders == [first], "the half-written step_000002 must not count"
     assert (training.root / "step_000002.tmp").exists()
@@ -208,6 +213,101 @@ def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, 
     saved = torch.load(first / "state.pt", weights_only=True)["model"]
     restored = fresh.run.model.state_dict()
     assert all(torch.equal(restored[name], w) for name, w in saved.items()), "the step-1 weights"
+
+
+def full_disk_write(monkeypatch):
+    """Path.write_bytes as a full disk fails it: state.pt gets 100 bytes, then ENOSPC."""
+    real_write = Path.write_bytes
+
+    def write(path, data):
+        if path.name != "state.pt":
+            return real_write(path, data)
+        real_write(path, bytes(data)[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", write)
+
+
+def contents(folder) -> dict:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+UNWRITTEN = (r"WARNING: checkpoint step_000002 not written: CHECKPOINT_DIR=.*ckpt: No space left on device: it "
+             r"needs (\d+) bytes and \d+ are free; the newest whole one is .*step_000001 \(RESUME=latest\); free "
+             r"space there or set CHECKPOINT_DIR to another disk")
+
+
+def test_a_full_disk_at_a_checkpoint_warns_in_one_line_and_training_goes_on(tiny_data, tmp_path, monkeypatch):
+    """A periodic checkpoint that cannot be written is a warning, not the end of the run: the line names the
+    folder, the bytes needed and free and the checkpoint RESUME can use; the partial folder is removed and
+    the earlier checkpoint is untouched. The next checkpoint, with room again, is written."""
+    training = Training(tiny_data, tmp_path)
+    lines = []
+    training.run.log = lambda message, console=True: lines.append(message)
+    training.step()
+    first = training.save(1)
+    kept = contents(first)
+    training.step()
+    full_disk_write(monkeypatch)
+    training.save(2)  # returns: training goes on
+    found = re.fullmatch(UNWRITTEN + "; training goes on", lines[-1])
+    assert found, lines[-1]
+    assert abs(int(found.group(1)) - sum(map(len, kept.values()))) < 200, "needed: about one checkpoint"
+    assert checkpoints.checkpoint_folders(training.root) == [first]
+    assert sorted(p.name for p in training.root.iterdir()) == ["step_000001"], "the partial folder is left"
+    assert contents(first) == kept
+    monkeypatch.undo()
+    training.step()
+    third = training.save(3)
+    assert checkpoints.checkpoint_folders(training.root) == [first, third]
+
+
+def test_a_signalled_checkpoint_on_a_full_disk_stops_with_the_newest_whole_one(tiny_data, tmp_path, monkeypatch):
+    """SIGTERM asks for a checkpoint and the disk has no room (found before writing): the run still stops,
+    and its resume command names the checkpoint that is whole. Nothing is written."""
+    training = Training(tiny_data, tmp_path)
+    lines = []
+    training.run.log = lambda message, console=True: lines.append(message)
+    first = training.save(1)
+    kept = contents(first)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    keeper = new_keeper(training.hp)
+    with pytest.raises(SystemExit) as stopped:
+        keeper.save(training.run, training.optimizers, training.ema, training.loader, tg.LoopState(step=2),
+                    signal.SIGTERM)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert re.fullmatch(UNWRITTEN.replace(r"\d+ are free", "1000 are free"), lines[-2]), lines[-2]
+    assert re.fullmatch(rf"stopped by SIGTERM after step:2; resume with: .*RESUME={re.escape(str(first))} "
+                        r"RUN_ID=unit .*python train_gpt.py", lines[-1]), lines[-1]
+    assert sorted(p.name for p in training.root.iterdir()) == ["step_000001"]
+    assert contents(first) == kept
+
+
+class Reads:
+    """Hyperparameters that remember the settings read from them."""
+
+    def __init__(self, hp):
+        self.__dict__.update(hp=hp, names=set())
+
+    def __getattr__(self, name):
+        self.names.add(name)
+        return getattr(self.hp, name)
+
+
+def test_every_setting_the_model_reads_is_checked_by_a_resume():
+    """A new model setting must say whether a resume refuses a checkpoint that differs in it
+    (MODEL_SHAPE_SETTINGS) or not (INIT_ONLY_SETTINGS): both lists are what the model reads, every lever on."""
+    hp = Reads(all_on_hp())
+    model = tg.GPT(hp)
+    for looping in (False, True):
+        model.set_looping(looping)
+        x = torch.randint(0, hp.hp.vocab_size, (2, hp.hp.train_seq_len))  # not the model's reads
+        model(x, x)
+    read = hp.names & {f.name for f in dataclasses.fields(tg.Hyperparameters)}
+    listed = set(checkpoints.MODEL_SHAPE_SETTINGS) | set(checkpoints.INIT_ONLY_SETTINGS)
+    assert not read - listed, (f"the model reads {sorted(read - listed)}: add each to checkpoints.py's "
+                               "MODEL_SHAPE_SETTINGS (a resume refuses a checkpoint that differs) or INIT_ONLY_SETTINGS")
+    assert not listed - read, f"checkpoints.py lists {sorted(listed - read)}, which the model never reads"
 
 
 def test_checkpoint_of_another_model_is_refused(tiny_data, tmp_path):

@@ -2,6 +2,7 @@
 processes and 2 nodes, warmup and compilation, crashes and divergence into the log, malformed inputs
 refused before anything is written, and the levers and GPTQ in whole runs."""
 
+import errno
 import hashlib
 import json
 import math
@@ -12,13 +13,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, run_trainer
+from conftest import ROOT, new_keeper, run_trainer
 from data.shards import write_datafile
 
 FINAL_RE = re.compile(r"final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
@@ -336,7 +338,7 @@ def workspace(tiny_data, tmp_path):
                         CHECKPOINT_DIR=tmp_path / "checkpoints")
     run = tg.setup({**env, "RUN_ID": "earlier"})
     optimizers = tg.build_model(run)
-    keeper = checkpoints.Keeper(run.hp, b"an earlier train_gpt.py", tg)
+    keeper = new_keeper(run.hp, b"an earlier train_gpt.py")
     loader = tg.DistributedTokenLoader(tg.train_pattern(run.hp))
     ema = tg.EMA(run.model, 0.0)
     keeper.save(run, optimizers, ema, loader, tg.LoopState(step=4), 0)
@@ -438,7 +440,7 @@ CASES = {
     "ARTIFACT_DIR is a file": (lambda ws: then(ARTIFACT_DIR=ws / "logs" / "earlier.txt"),
                                r"ARTIFACT_DIR=.*earlier.txt: .* is not a writable directory"),
     "CHECKPOINT_DIR under a file": (
-        lambda ws: then(CHECKPOINT_DIR=ws / "tok.model" / "ckpt"),
+        lambda ws: then(CHECKPOINT_DIR=ws / "tok.model" / "ckpt", SAVE_EVERY="5"),
         r"CHECKPOINT_DIR=.*tok.model/ckpt: .*tok.model is not a writable directory"),
     "DATA_PATH is a file": (lambda ws: then(DATA_PATH=ws / "tok.model"),
                             r"DATA_PATH=.*tok.model is not a directory"),
@@ -570,6 +572,34 @@ def test_malformed_input_from_the_command_line(workspace, case):
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     assert re.search(message, out.stderr.strip().splitlines()[-1])
     assert snapshot(ws) == before
+
+
+def test_a_full_disk_at_the_export_is_one_line_and_leaves_no_partial_file(workspace, monkeypatch, capsys):
+    """The last seconds of a paid run: the artifact's write fails with ENOSPC half-way. The console ends
+    in one line (the folder, the bytes needed and free, the fix), not a traceback; the partial file is
+    removed; the log records the error; the earlier log, artifact and checkpoint are untouched."""
+    ws, env = workspace
+    env.update(RUN_ID="full")
+    before = snapshot(ws)
+    real_write = Path.write_bytes
+
+    def full_disk(path, data):  # the artifact's temp file gets 100 bytes, then the disk is full
+        if ".ptz." not in path.name:
+            return real_write(path, data)
+        real_write(path, bytes(data)[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    code = cli(env, ws, monkeypatch)
+    logs = ws / "logs"
+    pattern = (rf"train_gpt.py: error: ARTIFACT_DIR={re.escape(str(logs))}: No space left on device: the "
+               r"artifact needs \d+ bytes and \d+ are free; free space there or set ARTIFACT_DIR elsewhere")
+    assert isinstance(code, str) and re.fullmatch(pattern, code), code
+    assert "Traceback" not in capsys.readouterr().err
+    assert (logs / "full.txt").read_text().splitlines()[-1] == f"error: rank 0: {code}"
+    after = snapshot(ws)
+    assert {name: after[name] for name in before} == before, "an earlier file changed"
+    assert sorted(set(after) - set(before)) == ["logs/full.txt"], "the partial artifact is left"
 
 
 def test_diverged_run_stops_with_the_step_and_keeps_its_checkpoints(workspace):

@@ -173,7 +173,7 @@ def test_the_best_entrys_command_is_refused_for_what_we_lack_and_only_that():
     assert named == TOP_LACKS, "every name we cannot honour is named at once, and nothing we can"
     message = str(refusal.value)
     assert "GPTQ_CALIBRATION_BATCHES=16: use GPTQ_CALIB_SEQS" in message
-    field = "PHASED_TTT_PREFIX_DOCS=2500: the field's, not here (README, \"Commands from the field\")"
+    field = "PHASED_TTT_PREFIX_DOCS=2500: the field's, not here (docs/GPU.md, \"Commands from the field\")"
     assert field in message
 
 
@@ -239,7 +239,22 @@ def test_a_copy_without_settings_py_runs_unchecked_and_its_log_says_so(tiny_data
         tg.Hyperparameters.from_env({"NUM_LAYER": "3"})
 
 
-# ---- --help and the README ----
+def test_pack_code_needs_the_packer_beside_the_trainer(tmp_path):
+    """PACK_CODE=1 packs the code with tools/packing.py at the export: settings.py refuses it at startup
+    where that file is missing, rather than after the training."""
+    assert not settings.problems(tg.Hyperparameters(pack_code=True))
+    shutil.copy(ROOT / "settings.py", tmp_path / "settings.py")
+    code = ("import sys; sys.path.append(sys.argv[1]); import settings, train_gpt; "
+            "print(settings.__file__); print(*settings.problems(train_gpt.Hyperparameters(pack_code=True)))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    where, problem = out.stdout.splitlines()
+    assert where == str(tmp_path / "settings.py")
+    assert problem == f"PACK_CODE=1: {tmp_path / 'tools' / 'packing.py'} is missing; run the repository's"
+
+
+# ---- --help and docs/SETTINGS.md ----
 
 
 def test_help_prints_every_setting_with_its_default_from_the_code():
@@ -268,9 +283,13 @@ def test_settings_page_lists_every_setting():
     assert not stale, f"docs/SETTINGS.md's table differs from the code in: {stale}"
 
 
-def test_settings_py_imports_nothing_of_the_trainer():
-    """No import circle: train_gpt.py imports settings.py, never the other way round (it reads the source)."""
-    code = "import sys, settings; settings.help_text(); print(sorted(m for m in sys.modules if 'train_gpt' in m))"
+@pytest.mark.parametrize("module", ["settings", "checkpoints", "tools.packing"])
+def test_the_modules_the_trainer_imports_import_nothing_of_it(module):
+    """No import circle: train_gpt.py imports settings.py, checkpoints.py and tools/packing.py, never the other
+    way round (settings.py reads the source; the checkpoints' Keeper is handed what it uses)."""
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            "print(sorted(m for m in sys.modules if 'train_gpt' in m))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+    assert "train_gpt" not in (ROOT / f"{module.replace('.', '/')}.py").read_text().replace("train_gpt.py", "")
