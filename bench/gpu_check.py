@@ -49,7 +49,7 @@ from data.shards import read_datafile, write_datafile  # noqa: E402
 PARTS = ("tests", "default", "record", "attention", "lora", "twin")
 REFERENCE_MS_8XH100 = 43.5  # the challenge's baseline, 9x512 sp1024, one micro-step per GPU
 FULL_VAL_TOKENS = 40_540_160  # sp8192 validation tokens in the field's logs
-# The record track's shape (README, "The record track"), evaluated and exported as it will be.
+# The record track's shape (docs/GPU.md, "The record track"), evaluated and exported as it will be.
 RECORD = dict(
     VOCAB_SIZE=8192, NUM_LAYERS=11, MODEL_DIM=512, NUM_HEADS=8, NUM_KV_HEADS=4, MLP_MULT=4,
     MLP_LEAKY_SLOPE=0.5, QK_GAIN_INIT=5, ROPE_DIMS=16, LN_SCALE=1, XSA_LAST_N=11,

@@ -1,6 +1,6 @@
 """What a configuration costs on 8×H100, by arithmetic, and what its artifact weighs, by a real export.
 
-    env $STACK python bench/record_shape.py [--mfu 0.38 0.24 0.15]   (STACK: README, "The record track")
+    env $STACK python bench/record_shape.py [--mfu 0.38 0.24 0.15]   (STACK: docs/GPU.md, "The record track")
         [--val-tokens 40540160] [--gpus 8] [--peak 989e12] [--memory] [--keep artifact.ptz]
 
 The settings come from the environment, as for train_gpt.py (and are validated the same way). Printed:
@@ -16,7 +16,7 @@ The settings come from the environment, as for train_gpt.py (and are validated t
   every row of a group of TTT_BATCH_SIZE running until its longest document ends, as compiled) and their
   seconds at each --mfu;
 - the artifact's bytes: train_gpt.save_artifact on the model with every quantized matrix drawn from a
-  normal distribution (a trained matrix's rows are close to normal: README, "The record track"), plus
+  normal distribution (a trained matrix's rows are close to normal: docs/GPU.md, "The record track"), plus
   this train_gpt.py's bytes (packed by tools/packing.py with PACK_CODE=1), against the 16,000,000 cap;
 - with --memory, what one TRAIN_SEQ_LEN sequence saves for the backward pass (eager, bf16 autocast on this
   CPU, after the loop switch; the bf16 copies of the weights included): times the sequences each GPU
