@@ -36,6 +36,16 @@ MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "n
 INIT_ONLY_SETTINGS = ("qk_gain_init", "ortho_init", "tied_embed_init_std")
 
 
+# A checkpoint on ARTIFACT_DIR's disk leaves this much free: the artifact (16,000,000 bytes at most, with its
+# code) and the log's last lines.
+ARTIFACT_ROOM = 17_000_000
+
+
+def nearest(folder: Path) -> Path:
+    """folder, or its nearest parent that exists (one yet to be made is on that one's disk)."""
+    return next(p for p in (folder, *folder.parents) if p.exists())
+
+
 def checkpoint_folders(root: Path) -> list[Path]:
     """Finished checkpoints, oldest first; a .tmp folder is a write that never completed."""
     found = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")]
@@ -81,7 +91,7 @@ class Keeper:
         self.shutdown = shutdown
         self.stop = None
         folder = Path(hp.checkpoint_dir)
-        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        existing = nearest(folder)
         if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
             raise error(f"CHECKPOINT_DIR={folder}: {existing} is not a writable directory; choose another")
         self.meta = self.resolve_resume() if hp.resume else None
@@ -187,17 +197,18 @@ class Keeper:
         root = Path(self.hp.checkpoint_dir) / self.hp.run_id
         folder = root / f"step_{state.step:06d}"
         contents = (run, optimizers, ema, loader, state)
-        unwritten = None
-        if layout.rank == 0:
+        outcome = [self.write(folder, *contents) if layout.rank == 0 else None]
+        if layout.distributed:  # the other nodes copy only a checkpoint that rank 0 could write
+            dist.broadcast_object_list(outcome, src=0)
+        unwritten = outcome[0]
+        if not unwritten and layout.local_rank == 0 and layout.rank != 0 and not folder.exists():
             unwritten = self.write(folder, *contents)
-        if layout.distributed:
-            dist.barrier()
-        if layout.local_rank == 0 and layout.rank != 0 and not folder.exists():
-            unwritten = self.write(folder, *contents)
-            if unwritten:  # this node's own copy: its console says so, as rank 0's log cannot
-                print(unwritten, file=sys.stderr, flush=True)
-        if layout.distributed:
-            dist.barrier()
+        if layout.distributed:  # one node without its copy: no node keeps it, so every node resumes alike
+            found = [None] * layout.world_size
+            dist.all_gather_object(found, unwritten)
+            unwritten = next((line for line in found if line), None)
+            if unwritten and layout.local_rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
         why = signal.Signals(signum).name if signum else "periodic"
         if unwritten:
             run.log(unwritten if signum else f"{unwritten}; training goes on")
@@ -226,7 +237,7 @@ class Keeper:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir(parents=True)
-            if shutil.disk_usage(tmp).free < needed:  # not filled to the last byte, the log beside it
+            if shutil.disk_usage(tmp).free < needed + self.kept_free(tmp):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             (tmp / "state.pt").write_bytes(state_pt.getbuffer())
             (tmp / "meta.json").write_bytes(meta_json)
@@ -243,15 +254,22 @@ class Keeper:
             shutil.rmtree(old)
         return None
 
+    def kept_free(self, folder: Path) -> int:
+        """Bytes a checkpoint leaves free on the disk of ARTIFACT_DIR: the artifact, which is worth more."""
+        disks = {os.stat(nearest(Path(path))).st_dev for path in (folder, self.hp.artifact_dir)}
+        return ARTIFACT_ROOM if len(disks) == 1 else 0
+
     def unwritten(self, folder: Path, needed: int, error: OSError) -> str:
         """One line: which folder, the bytes needed and free, the checkpoint that RESUME can still use."""
-        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        existing = nearest(folder)
         free = shutil.disk_usage(existing).free
+        kept = self.kept_free(existing)
+        also = f" (and {kept} kept free for ARTIFACT_DIR's artifact)" if kept else ""
         whole = checkpoint_folders(folder.parent) if folder.parent.is_dir() else []
         newest = f"the newest whole one is {whole[-1]} (RESUME=latest)" if whole else "there is no earlier one"
         return (f"WARNING: checkpoint {folder.name} not written: CHECKPOINT_DIR={self.hp.checkpoint_dir}: "
-                f"{error.strerror}: it needs {needed} bytes and {free} are free; {newest}; free space there or "
-                "set CHECKPOINT_DIR to another disk")
+                f"{error.strerror}: it needs {needed} bytes{also} and {free} are free; {newest}; free space there "
+                "or set CHECKPOINT_DIR to another disk")
 
     def close(self) -> None:  # training is over: a signal now stops the export, with no checkpoint
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

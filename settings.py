@@ -125,7 +125,8 @@ def problems(hp):
         installed = importlib.util.find_spec(hp.compressor)
         require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")
     packer = Path(__file__).with_name("tools") / "packing.py"  # which train_gpt.py imports to pack itself
-    require(not hp.pack_code or packer.is_file(), f"PACK_CODE=1: {packer} is missing; run the repository's")
+    require(not hp.pack_code or packer.is_file(), f"PACK_CODE=1: {packer} is missing; run the repository's "
+            "train_gpt.py, or set PACK_CODE=0 (a record folder's packed train_gpt.py counts its own bytes)")
     # GPTQ under a wallclock cap calibrates on training data inside the budget: seconds kept for it
     reserve = hp.gptq_reserve_seconds
     if hp.gptq and hp.max_wallclock_seconds > 0:

@@ -13,7 +13,9 @@ export NUM_LAYERS=2 MODEL_DIM=64 NUM_HEADS=4 NUM_KV_HEADS=2 MLP_MULT=2 TRAIN_SEQ
   VAL_BATCH_SIZE=16384 ITERATIONS=20 WARMDOWN_ITERS=8 WARMUP_STEPS=0 VAL_LOSS_EVERY=0 TRAIN_LOG_EVERY=10 \
   MAX_WALLCLOCK_SECONDS=0 DEVICE=cpu COMPILE=0 BF16=0 \
   DATA_PATH="$here/data/datasets/sotu_sp1024" TOKENIZER_PATH="$here/data/tokenizers/sotu_1024_bpe.model"
-unshare -m bash -s "$dir" "$out" <<'INNER'
+namespace=(-m)
+[ "$(id -u)" = 0 ] || namespace=(-r -m)  # a user namespace where root is not at hand
+unshare "${namespace[@]}" bash -s "$dir" "$out" <<'INNER'
 set -u
 dir=$1; out=$2
 cd "$dir"

@@ -5,6 +5,7 @@ it imported)."""
 import dataclasses
 import errno
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -233,8 +234,9 @@ def contents(folder) -> dict:
 
 
 UNWRITTEN = (r"WARNING: checkpoint step_000002 not written: CHECKPOINT_DIR=.*ckpt: No space left on device: it "
-             r"needs (\d+) bytes and \d+ are free; the newest whole one is .*step_000001 \(RESUME=latest\); free "
-             r"space there or set CHECKPOINT_DIR to another disk")
+             r"needs (\d+) bytes(?: \(and 17000000 kept free for ARTIFACT_DIR's artifact\))? and \d+ are free; the "
+             r"newest whole one is .*step_000001 \(RESUME=latest\); free space there or set CHECKPOINT_DIR to another "
+             r"disk")
 
 
 def test_a_full_disk_at_a_checkpoint_warns_in_one_line_and_training_goes_on(tiny_data, tmp_path, monkeypatch):
@@ -283,6 +285,45 @@ def test_a_signalled_checkpoint_on_a_full_disk_stops_with_the_newest_whole_one(t
     assert contents(first) == kept
 
 
+def test_a_checkpoint_leaves_room_for_the_artifact_on_its_disk(tiny_data, tmp_path, monkeypatch):
+    """On ARTIFACT_DIR's disk a checkpoint that would leave less than the artifact's room is not written:
+    the artifact is worth more. With that room to spare, it is."""
+    training = Training(tiny_data, tmp_path, artifact_dir=str(tmp_path / "logs"))
+    lines = []
+    training.run.log = lambda message, console=True: lines.append(message)
+    free = [checkpoints.ARTIFACT_ROOM + 1000]
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: SimpleNamespace(free=free[0]))
+    training.save(1)
+    assert re.search(r"it needs \d+ bytes \(and 17000000 kept free for ARTIFACT_DIR's artifact\) and 17001000 "
+                     r"are free; there is no earlier one", lines[-1]), lines[-1]
+    assert not training.root.exists() or not list(training.root.iterdir())
+    free[0] = checkpoints.ARTIFACT_ROOM + 10**7
+    second = training.save(2)
+    assert checkpoints.checkpoint_folders(training.root) == [second]
+
+
+def test_a_signalled_stop_with_no_whole_checkpoint_says_there_is_none(tiny_data, tmp_path, monkeypatch):
+    training = Training(tiny_data, tmp_path)
+    lines = []
+    training.run.log = lambda message, console=True: lines.append(message)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    with pytest.raises(SystemExit) as stopped:
+        new_keeper(training.hp).save(training.run, training.optimizers, training.ema, training.loader,
+                                     tg.LoopState(step=1), signal.SIGINT)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert "there is no earlier one" in lines[-2]
+    assert lines[-1] == "stopped by SIGINT after step:1; no checkpoint to resume from"
+
+
+def test_the_keeper_is_handed_no_module(tiny_data, tmp_path):
+    """The hidden circle of before: setup() handed the Keeper the trainer module itself."""
+    env = tiny_data.env(SAVE_EVERY="5", CHECKPOINT_DIR=tmp_path / "ckpt", ARTIFACT_DIR=tmp_path / "logs")
+    keeper = tg.setup(env).keeper
+    assert isinstance(keeper, checkpoints.Keeper)
+    handed = {name: value for name, value in vars(keeper).items() if inspect.ismodule(value)}
+    assert not handed, handed
+
+
 class Reads:
     """Hyperparameters that remember the settings read from them."""
 
@@ -296,7 +337,8 @@ class Reads:
 
 def test_every_setting_the_model_reads_is_checked_by_a_resume():
     """A new model setting must say whether a resume refuses a checkpoint that differs in it
-    (MODEL_SHAPE_SETTINGS) or not (INIT_ONLY_SETTINGS): both lists are what the model reads, every lever on."""
+    (MODEL_SHAPE_SETTINGS) or not (INIT_ONLY_SETTINGS): both lists are what the model reads, every lever on
+    (a new lever's own settings are seen once conftest's ALL_ON turns it on)."""
     hp = Reads(all_on_hp())
     model = tg.GPT(hp)
     for looping in (False, True):

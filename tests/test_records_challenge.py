@@ -156,6 +156,14 @@ def test_requirements_name_the_compressors_package(tmp_path):
     only_problem(check_record.check_folder(folder), "requirements.txt: lacks brotli")
 
 
+def test_a_folders_command_runs_its_packed_script_without_the_packer():
+    """A record folder holds train_gpt.py packed and no tools/packing.py: its rerun command drops
+    PACK_CODE=1 (the packed file's own bytes are the packed code) and re-roots the data paths."""
+    logged = "DATA_PATH=./data/datasets/x PACK_CODE=1 SEED=2 torchrun --nproc_per_node=8 train_gpt.py"
+    assert make_record.from_folder(logged) == (
+        "DATA_PATH=../../../data/datasets/x SEED=2 torchrun --nproc_per_node=8 train_gpt.py")
+
+
 def test_readme_says_where_the_data_comes_from_and_how_to_rerun_from_the_folder(tmp_path):
     data = {"DATA_PATH": "./data/datasets/fineweb10B_sp8192", "TOKENIZER_PATH": "./data/tokenizers/fineweb_8192_bpe.model"}
     logs = [write_log(tmp_path / "logs" / f"r{s}.txt", settings={"SEED": str(s), **data}, val_loss=2.05 + s / 1000)

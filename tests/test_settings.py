@@ -251,7 +251,7 @@ def test_pack_code_needs_the_packer_beside_the_trainer(tmp_path):
     assert out.returncode == 0, out.stderr
     where, problem = out.stdout.splitlines()
     assert where == str(tmp_path / "settings.py")
-    assert problem == f"PACK_CODE=1: {tmp_path / 'tools' / 'packing.py'} is missing; run the repository's"
+    assert problem.startswith(f"PACK_CODE=1: {tmp_path / 'tools' / 'packing.py'} is missing; run the repository's ")
 
 
 # ---- --help and docs/SETTINGS.md ----

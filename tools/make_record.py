@@ -164,8 +164,9 @@ def requirements_for(runs) -> str:
 
 def from_folder(command: str) -> str:
     """The logged command as run from the record folder: relative DATA_PATH/TOKENIZER_PATH
-    re-rooted at the repository."""
-    words = shlex.split(command)
+    re-rooted at the repository, and without PACK_CODE=1: the folder's train_gpt.py is already
+    packed, so its own bytes are the packed code (and tools/packing.py is not beside it)."""
+    words = [word for word in shlex.split(command) if word != "PACK_CODE=1"]
     for i, word in enumerate(words):
         name, _, value = word.partition("=")
         if name not in ("DATA_PATH", "TOKENIZER_PATH", "DATA_DIR"):
