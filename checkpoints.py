@@ -110,7 +110,7 @@ class Keeper:
             return False
         if self.meta["source_sha256"] != self.source_sha256:
             raise self.error(f"RUN_ID={self.hp.run_id}: its log exists and the script changed since "
-                                      "the checkpoint; continue it under a new RUN_ID")
+                             "the checkpoint; continue it under a new RUN_ID")
         return True
 
     def resolve_resume(self) -> dict:
@@ -178,8 +178,7 @@ class Keeper:
         if ema.params is not None:  # an EMA turned on at the resume starts from the resumed weights
             torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in run.model.parameters()])
         loader.position = list(self.meta["loader"])
-        LoopState = self.loop_state
-        state = LoopState(**{f.name: self.meta.get(f.name, f.default) for f in fields(LoopState)})
+        state = self.loop_state(**{f.name: self.meta.get(f.name, f.default) for f in fields(self.loop_state)})
         run.log(f"resume: from {folder} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
         return state
 
@@ -265,7 +264,7 @@ class Keeper:
         free = shutil.disk_usage(existing).free
         kept = self.kept_free(existing)
         also = f" (and {kept} kept free for ARTIFACT_DIR's artifact)" if kept else ""
-        whole = checkpoint_folders(folder.parent) if folder.parent.is_dir() else []
+        whole = checkpoint_folders(folder.parent)  # none where the folder was never made
         newest = f"the newest whole one is {whole[-1]} (RESUME=latest)" if whole else "there is no earlier one"
         return (f"WARNING: checkpoint {folder.name} not written: CHECKPOINT_DIR={self.hp.checkpoint_dir}: "
                 f"{error.strerror}: it needs {needed} bytes{also} and {free} are free; {newest}; free space there "
