@@ -28,7 +28,7 @@ import traceback
 import uuid
 import zlib
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 
@@ -797,18 +797,24 @@ def document_spans(tokens):
     bounds = [0] + starts + [tokens.numel() - 1]
     return [(a + 1, b + 1) for a, b in zip(bounds, bounds[1:])]
 
-def lora_ttt(run):
+def lora_ttt(run, world_size=0):
     """Score-first per-document LoRA TTT (the field's) on run.val: documents in groups of similar length, the
-    longest first, the ranks taking turns. Returns the sums of loss, tokens and bytes."""
+    longest first, the ranks taking turns. A carries over from a rank's group to its next, so the score depends
+    on the number of ranks: world_size > 0 scores, in this one process, every rank's groups of a run on that
+    many (a rescore). Returns the sums of loss, tokens and bytes."""
     hp, layout = run.hp, run.layout
     val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)  # read row by row
     spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
     groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
-    torch.manual_seed(hp.seed)  # the adapters' A
-    lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+    ranks = range(world_size) if world_size else [layout.rank]
+    world_size = world_size or layout.world_size
+    run.log(f"ttt: groups:{len(groups)} world_size:{world_size} (the score depends on it: A carries over)")
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
-    for group in groups[layout.rank::layout.world_size]:
-        sums += ttt_group(run, val, group, lora)
+    for rank in ranks:
+        torch.manual_seed(hp.seed)  # the adapters' A, the same on every rank
+        lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+        for group in groups[rank::world_size]:
+            sums += ttt_group(run, val, group, lora)
     if layout.distributed:
         dist.all_reduce(sums)
     return sums.cpu()
@@ -1090,6 +1096,27 @@ def export(run, hessians=None):
         log(f"WARNING: submission is {total} bytes, over the 16,000,000-byte cap: it cannot be a record")
     return blob
 
+def prime(run, passes):
+    """Compile what the final passes run that training did not, before their timers, in the phase the run ended
+    in (the round trip scores as the last validation did): a batch of random windows for the sliding pass, and
+    one chunk of a group of random documents for TTT."""
+    hp, layout = run.hp, run.layout
+    t0 = time.perf_counter()
+    graphs = compiled_graphs()
+    if "sliding_window" in passes:  # a window for every rank, padded to a batch
+        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.eval_window + 1,), device=layout.device)
+        noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
+        score(run.scorer, noise, layout, *hp.windows(True))
+    if "ttt" in passes:  # documents of one chunk: BOS and chunk - 1 tokens
+        docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size), dtype=torch.int32)
+        docs[:, 0] = BOS_ID
+        docs = Validation(docs.flatten(), torch.zeros(docs.numel(), dtype=torch.int16), 0)
+        lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+        ttt_group(run, docs, document_spans(docs.tokens), lora)
+    synchronize(layout.device)
+    run.log(f"priming: passes:{','.join(passes)} graphs:{compiled_graphs() - graphs} time:{ms_since(t0):.0f}ms")
+
+
 def final_passes(run):
     """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
     hp, layout, log = run.hp, run.layout, run.log
@@ -1098,6 +1125,8 @@ def final_passes(run):
         passes.append("sliding_window")
     if hp.ttt_enabled:
         passes.append("ttt")
+    if layout.use_compile:
+        prime(run, passes)
     times_ms = {}
     graphs = compiled_graphs()
     for name in passes:
@@ -1188,33 +1217,28 @@ def compiled_graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def warmup(run, optimizers):
-    """Compile every graph before the clocks: each phase's step (undone after), the final passes' too."""
+    """Compile the training step of each phase the run trains in, before the clock (WARMUP_STEPS steps, undone
+    after: the weights, the optimizer states and the data start again). The final passes prime their own."""
     hp, layout, model = run.hp, run.layout, run.model
+    t0 = time.perf_counter()
     phases = list(dict.fromkeys(looping_at(f, hp) for f in (0.0, hp.enable_looping_at)))
-    initial = copy.deepcopy([model.state_dict()] + [opt.state_dict() for opt in optimizers])
+    # the weights wait on the host, as the challenge's script keeps them, not in device memory
+    initial = [{name: t.detach().cpu().clone() for name, t in model.state_dict().items()}]
+    initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     for step in range(hp.warmup_steps):
         model.set_looping(phases[step * len(phases) // hp.warmup_steps])
         train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
         if step + 1 in (1, hp.warmup_steps):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
-    if layout.use_compile:  # the final passes' graphs in each phase a run may end in, a window per rank
-        window = layout.world_size * hp.longest_seq_len
-        tokens = torch.randint(hp.vocab_size, (window + 1,), device=layout.device, dtype=torch.int32)
-        noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
-        for phase in phases:
-            model.set_looping(phase)
-            for sliding in {False, hp.eval_stride > 0}:
-                score(run.scorer, noise, layout, *hp.windows(sliding))
-            if hp.ttt_enabled:  # a group of documents for every rank, each as long as the eval window
-                docs = torch.randint(2, hp.vocab_size, (layout.world_size * hp.ttt_batch_size * hp.eval_window + 1,))
-                docs[::hp.eval_window] = BOS_ID
-                lora_ttt(replace(run, val=Validation(docs, torch.zeros_like(docs), 0)))
-        model.zero_grad(set_to_none=True)
-        run.log(f"compile: {compiled_graphs()} graphs after warmup, {len(phases)} training phases")
+    model.zero_grad(set_to_none=True)
     for target, state in zip([model] + optimizers, initial):
         target.load_state_dict(state)
     model.set_looping(phases[0])  # after the restore, which loads the initial flag
+    synchronize(layout.device)
+    run.log(f"warmup: steps:{hp.warmup_steps} phases:{len(phases)} graphs:{compiled_graphs()} "
+            f"time:{ms_since(t0):.0f}ms")
+
 
 @dataclass
 class LoopState:
@@ -1237,16 +1261,34 @@ class LoopState:
         yield
         self.start_clock(self.device)
 
-def agree(state, loss, signum, layout):
-    """Max over ranks of the clock, the signal and a bad loss: the ranks take one LR, phase and stop."""
-    clock = torch.tensor([state.elapsed_ms, signum], dtype=torch.float64, device=layout.device)
-    agreed = torch.cat((clock, (~torch.isfinite(loss)).to(clock)[None]))  # no host sync before it
-    if layout.distributed:
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    state.elapsed_ms, signum, diverged = agreed.tolist()
-    require(not diverged, f"training diverged: train_loss is not finite at step:{state.step}; lower MATRIX_LR "
+
+class LossWatch:
+    """Whether a training loss has been non-finite. The flag stays on the device, which copies it into pinned host
+    memory when it gets there: the host reads it without waiting, a step or two late (exact after a sync)."""
+    def __init__(self, device):
+        self.flag = torch.zeros((), dtype=torch.bool, device=device)
+        self.pinned = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
+        self.host = self.pinned.numpy()  # a view of the pinned memory
+    def add(self, loss):
+        torch.logical_or(self.flag, ~torch.isfinite(loss), out=self.flag)
+        self.pinned.copy_(self.flag, non_blocking=True)
+
+
+def agree(values, layout):
+    """The max over ranks of host values, so that every rank takes the same LR, phase, checkpoint and stop: one
+    all-reduce read back, as the challenge's script reads its stop. One process reads nothing of the device."""
+    if not layout.distributed:
+        return values
+    agreed = torch.tensor(values, dtype=torch.float64, pin_memory=layout.cuda)
+    agreed = agreed.to(layout.device, non_blocking=True)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return agreed.tolist()
+
+
+def check_finite(diverged, step):
+    require(not diverged, f"training diverged: train_loss was not finite by step:{step}; lower MATRIX_LR "
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
-    return int(signum)
+
 
 def log_step(run, state, loss):
     hp = run.hp
@@ -1257,6 +1299,7 @@ def log_step(run, state, loss):
     run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
             f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
 
+
 def log_validation(run, state):
     hp = run.hp
     sums = score(run.scorer, run.val, run.layout, *hp.windows(False))
@@ -1265,18 +1308,23 @@ def log_validation(run, state):
     run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
 
+
 def train(run, optimizers, ema):
-    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. Returns GPTQ's loader."""
+    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. A steady step on one process reads
+    nothing of the device, so the host queues the next step while the device runs this one. Returns GPTQ's
+    loader."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     state = keeper.restore(run, optimizers, ema, loader) if keeper else LoopState()
+    losses = LossWatch(layout.device)
     first_step = state.step
     state.start_clock(layout.device)
     while True:
         every = hp.val_loss_every
         due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
         if due or state.ended(hp):
-            with state.paused():
+            with state.paused():  # the device is done: the flag is exact, and no export follows a bad loss
+                check_finite(agree([float(losses.host)], layout)[0], state.step)
                 ema.swap(model)  # scored: the weights that will be exported
                 log_validation(run, state)
                 ema.swap(model)
@@ -1288,17 +1336,21 @@ def train(run, optimizers, ema):
         batches = next_batches(loader, hp, layout)
         loss = train_step(run.trainer, batches, optimizers, lr_scale, hp.grad_clip_norm, layout)
         ema.update(model)
+        losses.add(loss)
         state.step += 1
         state.elapsed_ms = state.clock_ms()
         log_step(run, state, loss)
-        signum = agree(state, loss, keeper.signum if keeper else 0, layout)
+        signum = keeper.signum if keeper else 0
+        state.elapsed_ms, signum, diverged = agree([state.elapsed_ms, signum, float(losses.host)], layout)
+        check_finite(diverged, state.step)
         looping = looping_at(training_progress(state.step, state.elapsed_ms, hp), hp)
         if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
             model.set_looping(looping)
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
-        if keeper and keeper.due(state, signum):
+        if keeper and keeper.due(state, int(signum)):
             with state.paused():
-                keeper.save(run, optimizers, ema, loader, state, signum)
+                check_finite(agree([float(losses.host)], layout)[0], state.step)
+                keeper.save(run, optimizers, ema, loader, state, int(signum))
     if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
         spent = state.training_time_ms
         run.log(f"stopping_early: wallclock_cap train_time:{spent:.0f}ms step:{state.step}/{hp.iterations}")

@@ -74,7 +74,8 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     same_device = layout_logged.get("device") == device.type
     use_bf16 = same_device and str(layout_logged.get("bf16")) == "True"
     if new:  # the stages of one Run
-        return evaluate_run(mod, hp, device, accum, use_bf16, model_path, mode)
+        world_size = int(layout_logged.get("world_size", 1))
+        return evaluate_run(mod, hp, device, accum, use_bf16, model_path, mode, world_size)
     layout = mod.Layout(rank=0, world_size=1, local_rank=0, distributed=False, device=device,
                         grad_accum_steps=accum, use_compile=False, use_bf16=use_bf16)
     pattern = os.path.join(hp.data_path, "fineweb_val_*.bin")
@@ -100,8 +101,11 @@ def _evaluate(mod, torch, model_path, hyperparameters, layout_logged, data_path,
     return evaluate(model, val_tokens, luts, hp, layout, **({"sliding": True} if mode == "sliding" else {}))
 
 
-def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: str) -> tuple[float, float]:
-    """The same passes with a script of 2026-11-25 or later: its setup's checks, its score() and TTT."""
+def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: str,
+                 world_size: int = 1) -> tuple[float, float]:
+    """The same passes with a script of 2026-11-25 or later: its setup's checks, its score() and TTT. LoRA TTT
+    is rescored as the run's world_size processes ran it: each rank's adapters (A) carry from one of its groups
+    to the next, so the score depends on the number of processes."""
     layout = mod.Layout(device=device, grad_accum_steps=accum, use_bf16=use_bf16)
     tokenizer = mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     val = mod.load_validation(hp, tokenizer, device=device)
@@ -109,6 +113,12 @@ def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: 
     model.load_state_dict(mod.load_artifact(model_path), strict=True)
     run = mod.Run(hp, layout, val, b"", model=model, scorer=model, trainer=model)
     if mode == "ttt" and hasattr(mod, "lora_ttt"):  # scripts since 2026-11-26: per-document LoRA TTT
+        if "world_size" in inspect.signature(mod.lora_ttt).parameters:  # since 2026-11-28
+            return mod.metrics(mod.lora_ttt(run, world_size=world_size))
+        if world_size > 1:
+            raise DeepCheckUnavailable(f"the run's LoRA TTT ran on {world_size} processes, and the record's "
+                                       "lora_ttt() rescores only as one: its score depends on the number of "
+                                       "processes (each rank's adapters carry from one group to the next)")
         return mod.metrics(mod.lora_ttt(run))
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(run).sum(0))
