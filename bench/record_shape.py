@@ -24,14 +24,12 @@ The settings come from the environment, as for train_gpt.py (and are validated t
 """
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from flops import count_flops_per_token, peak_flops, ttt_positions
+from flops import LENGTHS, count_flops_per_token, fineweb_ttt_positions, peak_flops
 from run_files import ROOT, tg  # puts the repository's root on sys.path
 from tools.packing import pack_source  # noqa: E402
 
@@ -74,7 +72,7 @@ def main() -> None:
     if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):
         forwards["sliding"] = window / hp.eval_stride
     if hp.ttt_enabled:
-        forwards["TTT"] = 2.0 * lora_positions(hp) / LENGTHS["tokens"]
+        forwards["TTT"] = 2.0 * fineweb_ttt_positions(hp) / LENGTHS["tokens"]
     forward_flops = per_token[-1] / 3.0  # a forward is a third of a trained token's 6 per weight
     eval_flops = sum(forwards.values()) * args.val_tokens * forward_flops
     passes = ", ".join(f"{name} {n:g} forwards" for name, n in forwards.items())
@@ -109,21 +107,6 @@ def main() -> None:
     print(f"artifact (normal weights): {len(blob):,} bytes int{hp.matrix_bits}+{hp.compressor} "
           f"({len(blob) / params:.3f} per parameter) + code {code:,}{packed} = {total:,} bytes, "
           f"{verdict}{kept}")
-
-
-LENGTHS = json.loads((Path(__file__).with_name("fineweb_val_doc_lengths.json")).read_text())
-
-
-def lora_positions(hp: tg.Hyperparameters) -> float:
-    """Token positions lora_ttt() runs on FineWeb's validation documents, compiled: each group's rows (documents
-    sorted by length) chunk by chunk until its longest ends, chunk c in a window of min((c + 1) x TTT_CHUNK_SIZE,
-    the eval window). Lengths between the batches the field's logs name are interpolated, and a group's longest
-    is read off the field's batches of 64 (an overestimate: 9.6% more tokens than the split has)."""
-    known = np.array(LENGTHS["batches"], dtype=float)
-    batches = -(-LENGTHS["documents"] // LENGTHS["batch_size"])
-    longest = np.interp(np.arange(1, batches + 1), known[:, 0], known[:, 2])  # each field batch's longest
-    per_group = max(1, hp.ttt_batch_size // LENGTHS["batch_size"])
-    return sum(ttt_positions(length - 1, hp) for length in longest[per_group - 1::per_group])
 
 
 def saved_for_backward(model: tg.GPT, hp: tg.Hyperparameters, gpus: int) -> None:
