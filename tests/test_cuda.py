@@ -113,7 +113,9 @@ def test_lora_ttt_compiled_in_bf16_scores_as_on_the_cpu_in_one_graph():
     """Per-document LoRA TTT compiled on CUDA (every row of a group, the window dynamic): at TTT_LORA_LR=0 the
     CPU's eager scores within bf16; adapting changes them; a second pass compiles nothing."""
     torch.manual_seed(4)
-    hp = record_hp(ttt_enabled=True, ttt_lora_rank=8, ttt_chunk_size=32, ttt_batch_size=4, ttt_lora_lr=0.0)
+    # two layers, the first looped, lanes from the second: the record's paths at a graph that compiles in seconds
+    hp = record_hp(num_layers=2, model_dim=128, loop_start=0, loop_end=0, parallel_start_layer=1, xsa_last_n=2,
+                   ttt_enabled=True, ttt_lora_rank=8, ttt_chunk_size=32, ttt_batch_size=4, ttt_lora_lr=0.0)
     model = tg.GPT(hp)
     with torch.no_grad():
         for p in model.parameters():

@@ -21,7 +21,7 @@ import torch
 import checkpoints
 import train_gpt as tg
 from conftest import ROOT, new_keeper, run_trainer
-from data.shards import write_datafile
+from data.shards import read_datafile, write_datafile
 
 FINAL_RE = re.compile(r"final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 
@@ -140,28 +140,32 @@ def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
 
 
 def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
-    """torch.compile recompiles nothing inside the timed training loop or the timed final
-    passes. Warmup primes every graph: each training phase's (the depth-recurrence switch), and
-    the scoring and TTT graphs of validation and the final passes, at window and batch shapes
-    training never ran, on random tokens. So training without validation before the end
-    compiles nothing beyond warmup's, and the round trip, sliding and TTT passes, with
-    validation or without, compile nothing inside their timers. Dynamo's guards decide
-    recompiles whatever the backend, so the cheap "eager" backend stands in for inductor."""
+    """torch.compile recompiles nothing inside the timed training steps or the timed final passes. Warmup
+    compiles each training phase's step (the depth-recurrence switch); validation compiles its own graph with
+    the clock paused; the final passes prime what the last validation did not (the sliding window, TTT's
+    growing windows, at shapes training never ran) before their timers. Dynamo's guards decide recompiles
+    whatever the backend, so the cheap "eager" backend stands in for inductor."""
     driver = ("import functools, torch\n"
               "torch.compile = functools.partial(torch.compile, backend='eager')\n"
               "import train_gpt as tg\n"
-              "real_train = tg.train\n"
-              "def train(*args):\n"
-              "    loader = real_train(*args)\n"
-              "    print(f'driver: {tg.compiled_graphs()} graphs after training', flush=True)\n"
-              "    return loader\n"
-              "tg.train = train\n"
-              "tg.main()")
+              "real_step, real_warmup = tg.train_step, tg.warmup\n"
+              "inside = [0]\n"
+              "warm = []\n"
+              "def train_step(*args):\n"
+              "    before = tg.compiled_graphs()\n"
+              "    loss = real_step(*args)\n"
+              "    inside[0] += (tg.compiled_graphs() - before) if warm else 0\n"
+              "    return loss\n"
+              "def warmup(*args):\n"
+              "    real_warmup(*args)\n"
+              "    warm.append(1)\n"
+              "tg.train_step, tg.warmup = train_step, warmup\n"
+              "tg.main()\n"
+              "print(f'driver: {inside[0]} graphs compiled inside training steps', flush=True)")
     # shapes that training never ran: the eval window, the stride and TTT's growing windows
     lever_env = dict(COMPILE=1, NUM_LAYERS=3, MODEL_DIM=128, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                      ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_SEQ_LEN=128, EVAL_STRIDE=32,
                      TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=64, TTT_BATCH_SIZE=4)
-    counts = {}
     for steps, val_every in ((16, 0), (8, 4)):
         env = tiny_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
                             VAL_LOSS_EVERY=val_every, **lever_env)
@@ -170,16 +174,74 @@ def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.count("phase: from step:") == 1
-        warm = re.search(r"^compile: (\d+) graphs after warmup", out.stdout, flags=re.M)
-        trained = re.search(r"^driver: (\d+) graphs after training", out.stdout, flags=re.M)
-        counts[val_every] = [int(warm.group(1)), int(trained.group(1))]
+        assert re.search(r"^warmup: steps:3 phases:2 graphs:\d+ time:\d+ms$", out.stdout, flags=re.M)
+        assert re.search(r"^priming: passes:roundtrip,sliding_window,ttt graphs:\d+ time:\d+ms$", out.stdout,
+                         flags=re.M), out.stdout[-2000:]
+        assert "driver: 0 graphs compiled inside training steps" in out.stdout, out.stdout[-2000:]
         total = re.search(r"^final_eval_total eval_time:\d+ms limit:600000ms "
                           r"passes:roundtrip:\d+ms,sliding_window:\d+ms,ttt:\d+ms "
                           r"graphs_compiled_inside:(\d+)$", out.stdout, flags=re.M)
         assert total and total.group(1) == "0", out.stdout[-2000:]
-    # without validation before the end: warmup primed the final validation's graph too
-    after_warmup, after_training = counts[0]
-    assert after_training == after_warmup, "training compiled graphs beyond warmup's"
+
+
+def test_priming_runs_one_batch_of_each_graph_it_compiles():
+    """The final passes' priming is the least work that compiles each graph: one batch of windows for the
+    sliding pass (a window for every rank, padded to the batch every rank scores) and one chunk for every row
+    of a TTT group; the round trip scores as the last validation did, and is not run again."""
+    hp = tg.Hyperparameters(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2,
+                            train_seq_len=32, eval_seq_len=64, eval_stride=16, val_batch_size=8 * 32 * 3,
+                            ttt_enabled=True, ttt_lora_rank=2, ttt_chunk_size=16, ttt_batch_size=5)
+    model = tg.GPT(hp)
+    positions = []
+
+    def scorer(x, y, reduction="mean", lora=None):
+        positions.append(x.numel())
+        return model(x, y, reduction, lora)
+    layout = tg.Layout(grad_accum_steps=8, use_compile=True)
+    run = tg.Run(hp, layout, None, b"", model=model, scorer=scorer, trainer=scorer)
+    tg.prime(run, ["roundtrip", "sliding_window", "ttt"])
+    per_batch = hp.val_batch_size // layout.grad_accum_steps // hp.eval_window  # score()'s windows per batch
+    assert positions == [per_batch * hp.eval_window, hp.ttt_batch_size * hp.ttt_chunk_size]
+    assert all(p.requires_grad for p in model.parameters()), "TTT's priming leaves the model trainable"
+
+
+def test_a_steady_step_reads_nothing_of_the_device(tiny_data, tmp_path, monkeypatch):
+    """On one process a training step only queues work: from step 3 to step 10 the loop makes no host read of a
+    tensor (item, tolist, cpu, numpy, truth or number of a tensor, synchronize), so on a GPU the host queues
+    the next step while the device runs this one; a non-finite loss is seen a step or two late, through pinned
+    memory. Only train_gpt.py's own calls count: on a GPU the fused AdamW reads nothing (on the CPU it reads
+    its step counts, which live on the host)."""
+    reads = []
+    counting = [False]
+    trainer = str(ROOT / "train_gpt.py")
+
+    def counted(name, real):
+        def read(*args, **kwargs):
+            if counting[0] and sys._getframe(1).f_code.co_filename == trainer:
+                reads.append(f"{name} at line {sys._getframe(1).f_lineno}")
+            return real(*args, **kwargs)
+        return read
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch.cuda, "synchronize", counted("synchronize", lambda *a: None))
+    steps = [0]
+    real_step = tg.train_step
+
+    def train_step(*args):
+        steps[0] += 1
+        counting[0] = 3 <= steps[0] <= 10
+        return real_step(*args)
+    monkeypatch.setattr(tg, "train_step", train_step)
+    monkeypatch.setattr(tg, "synchronize", counted("synchronize", tg.synchronize))
+    for name in tg.ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    env = tiny_data.env(RUN_ID="steady", ITERATIONS=12, TRAIN_LOG_EVERY=0, VAL_LOSS_EVERY=0, WARMUP_STEPS=0)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    tg.main()
+    assert steps[0] == 12
+    assert reads == [], reads
 
 
 # ---- crashes and divergence reach the log ----
@@ -314,6 +376,46 @@ def test_gptq_run_end_to_end(tiny_data, tmp_path):
     # training stops at MAX_WALLCLOCK_SECONDS - GPTQ_RESERVE_SECONDS: after the step that crossed it
     # (logged to the ms, rounded: a step at 1999.6 ms logs 2000 and does not stop the run)
     assert clock[last] >= 2000 >= clock[last - 1], clock
+
+
+def record_track_settings() -> dict:
+    """The record-track command's settings, as docs/GPU.md writes them (its STACK)."""
+    text = (ROOT / "docs" / "GPU.md").read_text()
+    stack = re.search(r'^STACK="(.*?)"$', text, flags=re.M | re.S).group(1)
+    return dict(item.split("=", 1) for item in stack.split())
+
+
+def test_the_documented_record_track_command_starts_on_the_fields_caseops_layout(tiny_data, tmp_path):
+    """docs/GPU.md's record-track command, at tiny shapes, on a stand-in of the field's CaseOps data: a CaseOps
+    tokenizer, and a byte sidecar that counts the text before the tokenizer's normalization (here a space that
+    the normalization collapsed counts in full, in one of every five tokens). The default check refuses that
+    sidecar, naming the document; the command's SIDECAR_BYTES=trust scores by it, and every lever runs."""
+    from data import build_sotu
+    build_sotu.main(["--documents", "12", "--variant", "sp1024_caseops", "--data-dir", str(tmp_path / "data"),
+                     "--shard-tokens", "100000"])
+    data = tmp_path / "data" / "datasets" / "sotu_sp1024_caseops"
+    sidecar = data / "fineweb_val_bytes_000000.bin"
+    counts = read_datafile(sidecar).astype("int64")
+    text_tokens = (counts > 0).nonzero()[0]
+    counts[text_tokens[::5]] += 1  # whitespace that normalization collapsed, counted in full
+    write_datafile(sidecar, counts)
+    settings = record_track_settings()
+    assert settings["SIDECAR_BYTES"] == "trust"
+    tiny = dict(DATA_PATH=data, TOKENIZER_PATH=tmp_path / "data" / "tokenizers" / "sotu_1024_bpe_caseops.model",
+                VOCAB_SIZE=1024, MODEL_DIM=64, NUM_HEADS=4, NUM_KV_HEADS=2, TRAIN_SEQ_LEN=64, TRAIN_BATCH_TOKENS=2048,
+                VAL_BATCH_SIZE=16384, ITERATIONS=4, WARMUP_STEPS=1, GPTQ_CALIB_SEQS=4, TTT_LORA_RANK=4,
+                TTT_BATCH_SIZE=8, MAX_WALLCLOCK_SECONDS=600, RUN_ID="stack")
+    env = tiny_data.env(**{**settings, **tiny})
+    refused = run_trainer({**env, "SIDECAR_BYTES": "check"}, tmp_path)
+    assert refused.returncode == 1 and "SIDECAR_BYTES=trust scores by it unchecked" in refused.stderr
+    assert re.search(r"document \d+ .* decodes to \d+ bytes but the byte tables count \d+", refused.stderr)
+    out = run_trainer(env, tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    val_tokens = int(re.search(r"^val_tokens:(\d+) val_bytes:(\d+)", out.stdout, re.M).group(1))
+    val_bytes = int(re.search(r"^val_tokens:(\d+) val_bytes:(\d+)", out.stdout, re.M).group(2))
+    assert val_bytes == counts[1:val_tokens + 1].sum(), "scored by the sidecar's bytes"
+    assert re.search(r"^final_int6_zpaq_ttt_exact val_loss:\S+ val_bpb:\S+$", out.stdout, re.M)
+    assert "(packed from" in out.stdout and "gptq: matrices:" in out.stdout
 
 
 # ---- malformed inputs: named, and nothing is written ----
@@ -610,7 +712,7 @@ def test_diverged_run_stops_with_the_step_and_keeps_its_checkpoints(workspace):
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     error = out.stderr.strip().splitlines()[-1]
-    found = re.search(r"train_loss is not finite at step:(\d+)\b.*lower MATRIX_LR", error)
+    found = re.search(r"train_loss was not finite by step:(\d+)\b.*lower MATRIX_LR", error)
     assert found, error
     step = int(found.group(1))
     kept = [p.name for p in checkpoints.checkpoint_folders(ws / "checkpoints" / "boom")]
@@ -630,21 +732,43 @@ EVERY_LEVER = dict(
     MATRIX_BITS="6", EMBED_BITS="7", ATTN_CLIP_SIGMAS="12", MLP_CLIP_SIGMAS="11", EMBED_CLIP_SIGMAS="14",
     LQER_ENABLED="1", LQER_RANK="2", LQER_TOP_K="2", GPTQ="1", GPTQ_CALIB_SEQS="8", TTT_ENABLED="1",
     TTT_LORA_RANK="4", TTT_CHUNK_SIZE="64", TTT_LORA_LR="0.001", TTT_BETA2="0.99", TTT_WEIGHT_DECAY="0.5",
-    GRAD_CLIP_NORM="0.3", COMPRESSOR="lzma",
+    GRAD_CLIP_NORM="0.3", COMPRESSOR="brotli",
     MUON_MOMENTUM_WARMUP_STEPS="5", WARMUP_STEPS="3", QK_GAIN_INIT="4", VAL_LOSS_EVERY="10")
 
 
 def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
-    """1 and 2 processes train, calibrate GPTQ on the same rows, export and score alike (to float noise)."""
+    """1 and 2 processes train, calibrate GPTQ on the same rows, export and score alike (to float noise). LoRA
+    TTT with a group a document gives rank 0 of 2 two groups, and its adapters (A) carry from the first to the
+    second, so the TTT score depends on the number of processes: each run logs its world size, and
+    tools/check_record.py --deep rescores its artifact at that world size, in one process, to its score."""
+    import sentencepiece as spm
+    sys.path.insert(0, str(ROOT / "tools"))
+    from deep_eval import evaluate_artifact
+    data = tmp_path / "data"  # the tiny training shards; for validation, six paragraphs of a speech
+    data.mkdir()
+    for shard in tiny_data.data_path.glob("fineweb_train_*.bin"):
+        (data / shard.name).symlink_to(shard)
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_data.tokenizer_path))
+    paragraphs = [p for p in tiny_data.val_docs[0].split("\n") if len(p) > 200][:6]
+    write_datafile(data / "fineweb_val_000000.bin", [t for p in paragraphs for t in [tg.BOS_ID] + sp.encode(p)])
     finals = {}
     for nproc in (1, 2):
-        out = run_trainer(tiny_data.env(RUN_ID=f"every{nproc}", **EVERY_LEVER), tmp_path, nproc=nproc)
+        env = tiny_data.env(RUN_ID=f"every{nproc}", **EVERY_LEVER, TTT_BATCH_SIZE=1, DATA_PATH=data)
+        out = run_trainer(env, tmp_path, nproc=nproc)
         assert out.returncode == 0, out.stderr[-3000:]
-        lines = re.findall(r"^(final_\w+_exact) val_loss:(\S+)", out.stdout, re.M)
-        finals[nproc] = {name: float(loss) for name, loss in lines}
-    assert set(finals[1]) == {f"final_int6_lzma_{p}_exact" for p in ("roundtrip", "sliding_window", "ttt")}
-    for name, loss in finals[1].items():
-        assert abs(loss - finals[2][name]) < 1e-4, (name, loss, finals[2][name])
+        assert re.search(rf"^ttt: groups:[56] world_size:{nproc} ", out.stdout, re.M), out.stdout[-2000:]
+        lines = re.findall(r"^(final_\w+_exact) val_loss:(\S+) val_bpb:(\S+)", out.stdout, re.M)
+        finals[nproc] = {name: (float(loss), float(bpb)) for name, loss, bpb in lines}
+        logged = json.loads(re.search(r"^hyperparameters: (.*)$", out.stdout, re.M).group(1))
+        layout = dict(world_size=nproc, grad_accum_steps=8 // nproc, device="cpu", bf16="False")
+        code = ((ROOT / "train_gpt.py").read_bytes(), str(ROOT / "train_gpt.py"))
+        artifact = tmp_path / "logs" / f"every{nproc}_model.int6_brotli.ptz"
+        rescored = evaluate_artifact(code, artifact, logged, layout, mode="ttt")
+        assert rescored[1] == pytest.approx(finals[nproc]["final_int6_brotli_ttt_exact"][1], abs=1e-7)
+    assert set(finals[1]) == {f"final_int6_brotli_{p}_exact" for p in ("roundtrip", "sliding_window", "ttt")}
+    for name in ("roundtrip", "sliding_window"):
+        one, two = finals[1][f"final_int6_brotli_{name}_exact"][0], finals[2][f"final_int6_brotli_{name}_exact"][0]
+        assert abs(one - two) < 1e-4, (name, one, two)
 
 
 def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(tiny_data, tmp_path):
