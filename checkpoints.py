@@ -7,7 +7,8 @@ step_NNNNNN.tmp/ and renamed once complete, so a killed write leaves the earlier
 One that cannot be written (a full disk) is a warning, and training goes on: the earlier checkpoints stand.
 A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once.
 
-This module imports nothing of train_gpt.py: the trainer hands the Keeper what it uses of it."""
+This module imports nothing of train_gpt.py: the trainer hands the Keeper what it uses of it, and acts on
+what the Keeper returns (the loop state to go on from; after a signal, the checkpoint that resumes the run)."""
 
 import errno
 import hashlib
@@ -16,9 +17,8 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ ARTIFACT_ROOM = 17_000_000
 
 def nearest(folder: Path) -> Path:
     """folder, or its nearest parent that exists (one yet to be made is on that one's disk)."""
-    return next(p for p in (folder, *folder.parents) if p.exists())
+    return settings.writable(folder)[0]
 
 
 def checkpoint_folders(root: Path) -> list[Path]:
@@ -77,23 +77,15 @@ def sha256(data) -> str:
 
 class Keeper:
     """The checkpoints of one run: the resume (checked at startup), then periodic and signalled saves.
-    From the trainer: its source and training shards (a resume's data position is checked against them), the
-    error it prints without a traceback, its LoopState, and for a signalled stop its launch_command(environ)
-    and shutdown(run)."""
+    From the trainer: its source and training shards (a resume's data position is checked against them) and
+    the error it prints without a traceback. settings.py has checked that CHECKPOINT_DIR can be written."""
 
-    def __init__(self, hp, source: bytes, shards: list, error, loop_state, launch_command, shutdown):
+    def __init__(self, hp, source: bytes, shards: list, error):
         self.hp = hp
         self.source_sha256 = sha256(source)
         self.shards = shards
         self.error = error
-        self.loop_state = loop_state
-        self.launch_command = launch_command
-        self.shutdown = shutdown
         self.stop = None
-        folder = Path(hp.checkpoint_dir)
-        existing = nearest(folder)
-        if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
-            raise error(f"CHECKPOINT_DIR={folder}: {existing} is not a writable directory; choose another")
         self.meta = self.resolve_resume() if hp.resume else None
 
     @property
@@ -162,13 +154,13 @@ class Keeper:
             raise ValueError(f"its data position {meta['loader']} is not in DATA_PATH's training shards")
         return meta
 
-    def restore(self, run, optimizers: list, ema, loader):
+    def restore(self, run, optimizers: list, ema, loader) -> dict:
         """Log this module's fingerprint and listen for signals; with RESUME, load the checkpoint into this
-        run, whatever its world size. Returns the loop state to go on from."""
+        run, whatever its world size. Returns what the checkpoint says of the loop state ({}: start afresh)."""
         run.log(self.describe())
         self.stop = StopSignal()
         if not self.meta:
-            return self.loop_state()
+            return {}
         folder = Path(self.hp.resume)
         saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
         run.model.load_state_dict(saved["model"])  # its loop phase too
@@ -178,9 +170,8 @@ class Keeper:
         if ema.params is not None:  # an EMA turned on at the resume starts from the resumed weights
             torch._foreach_copy_(ema.params, saved["ema"] or [p.detach() for p in run.model.parameters()])
         loader.position = list(self.meta["loader"])
-        state = self.loop_state(**{f.name: self.meta.get(f.name, f.default) for f in fields(self.loop_state)})
-        run.log(f"resume: from {folder} at step:{state.step} train_time:{state.training_time_ms:.0f}ms")
-        return state
+        run.log(f"resume: from {folder} at step:{self.meta['step']} train_time:{self.meta['training_time_ms']:.0f}ms")
+        return self.meta
 
     def due(self, state, signum: int) -> bool:  # a signal, every SAVE_EVERY steps, and at the end
         if signum:
@@ -188,10 +179,10 @@ class Keeper:
         every = self.hp.save_every
         return every > 0 and (state.step % every == 0 or state.ended(self.hp))
 
-    def save(self, run, optimizers: list, ema, loader, state, signum: int) -> None:
+    def save(self, run, optimizers: list, ema, loader, state, signum: int) -> Path | None:
         """Rank 0 writes the checkpoint; then local rank 0 of each node that cannot see it (no shared file
-        system) writes a copy. One that cannot be written is a warning. After a signal, the run stops here
-        with the command that resumes the newest whole checkpoint."""
+        system) writes a copy. One that cannot be written is a warning. Returns the newest whole checkpoint,
+        which resumes the run (None: there is none)."""
         layout = run.layout
         root = Path(self.hp.checkpoint_dir) / self.hp.run_id
         folder = root / f"step_{state.step:06d}"
@@ -213,13 +204,8 @@ class Keeper:
             run.log(unwritten if signum else f"{unwritten}; training goes on")
         else:
             run.log(f"checkpoint: {folder} step:{state.step} ({why})")
-        if signum:
-            whole = checkpoint_folders(root)
-            environ = {**os.environ, "RESUME": str(whole[-1]) if whole else "", "RUN_ID": self.hp.run_id}
-            then = f"resume with: {self.launch_command(environ)}" if whole else "no checkpoint to resume from"
-            run.log(f"stopped by {why} after step:{state.step}; {then}")
-            self.shutdown(run)
-            sys.exit(128 + signum)
+        whole = checkpoint_folders(root)
+        return whole[-1] if whole else None
 
     def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> str | None:
         """The checkpoint whole or not at all; returns None, or the warning that says why not."""

@@ -10,7 +10,9 @@ source for the help (and for tools/settings_table.py's table), and is handed the
 
 import difflib
 import importlib.util
+import os
 import re
+from dataclasses import fields
 from pathlib import Path
 
 TRAINER = Path(__file__).with_name("train_gpt.py")
@@ -55,7 +57,8 @@ POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len",
 FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr", "ttt_beta1", "ttt_beta2")
 CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
                matrix_bits=(4, 5, 6, 7, 8), embed_bits=(4, 5, 6, 7, 8), sidecar_bytes=("check", "trust"),
-               compressor=("zlib", "lzma", "brotli", "zpaq"))
+               compressor=("zlib", "brotli", "zpaq"))
+BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
 def refused_names(environ, names):
@@ -76,6 +79,35 @@ def refused_names(environ, names):
     return refused
 
 
+def environ_problems(environ, hp):
+    """Lines for the names in environ that are not settings of hp (its dataclass), and for values that are not
+    of their setting's type: the variable, its value, how to write it."""
+    names = [f.name.upper() for f in fields(hp)]
+    refused = refused_names(environ, names)
+    found = ["settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused)] if refused else []
+    for name in names:
+        default = getattr(hp, name.lower())
+        text = environ.get(name, "").strip()
+        if name not in environ or isinstance(default, str):
+            continue
+        try:
+            if isinstance(default, bool):
+                BOOLEANS[text.lower()]
+            else:
+                type(default)(text)
+        except (KeyError, ValueError):
+            what = {bool: "0 or 1", int: "an integer", float: "a number"}[type(default)]
+            example = int(default) if isinstance(default, bool) else default
+            found.append(f"{name}={environ[name]!r} is not {what}; set it like {name}={example}")
+    return found
+
+
+def writable(folder):
+    """folder, or the nearest parent that exists (it will be made there), is a directory this process may write."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    return existing, existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
 def problems(hp):
     """A line for each value that the settings alone make impossible: the variable, its value, the fix."""
     values = vars(hp)
@@ -94,6 +126,12 @@ def problems(hp):
         require(values[name] in allowed, f"{name.upper()}={values[name]!r} must be one of {allowed}")
     if found:  # the checks below assume sane values
         return found
+    folders = [("ARTIFACT_DIR", hp.artifact_dir)]
+    if hp.save_every or hp.resume:
+        folders.append(("CHECKPOINT_DIR", hp.checkpoint_dir))
+    for name, folder in folders:
+        existing, ok = writable(Path(folder))
+        require(ok, f"{name}={folder}: {existing} is not a writable directory; choose another")
     if hp.run_id:
         plain = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
         require(plain, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no leading '.', at most 200 "

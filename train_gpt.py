@@ -15,13 +15,13 @@ import hashlib
 import importlib
 import io
 import json
-import lzma
 import math
 import os
 import platform
 import re
 import shlex
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -137,7 +138,7 @@ class Hyperparameters:
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
     gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
     gptq_reserve_seconds: float = 0.0  # taken from MAX_WALLCLOCK_SECONDS to calibrate on training data
-    compressor: str = "zlib"  # zlib, lzma, brotli or zpaq (the smallest and by far the slowest)
+    compressor: str = "zlib"  # zlib, brotli or zpaq (the smallest and by far the slowest)
     pack_code: bool = False  # count the code packed (minified, lzma, base85), as a record folder holds it
     sidecar_bytes: str = "check"  # a byte sidecar must match the decoded text; trust: unchecked, as the field
     # long runs (checkpoints.py)
@@ -152,11 +153,12 @@ class Hyperparameters:
 
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
+        """The settings environ sets. settings.py, where it sits beside this file, first refuses names that are
+        not settings and values that do not parse, all at once."""
         checks = settings_module()
-        refused = checks.refused_names(environ, ENV_NAMES) if checks else []
-        require(not refused,
-                "settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused))
-        hp = cls(**{f.name: parse_setting(f.name.upper(), environ[f.name.upper()], f.default)
+        problems = checks.environ_problems(environ, cls()) if checks else []
+        require(not problems, "\n".join(problems))
+        hp = cls(**{f.name: as_setting(environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
         return hp
@@ -171,7 +173,7 @@ class Hyperparameters:
     def longest_seq_len(self):  # RoPE's table and the validation split's cut
         return max(self.train_seq_len, self.eval_seq_len)
     @property
-    def export_tag(self):  # names the artifact and the final lines: final_int6_lzma_roundtrip
+    def export_tag(self):  # names the artifact and the final lines: final_int6_brotli_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
     def windows(self, sliding):
         """(length, stride) of scoring windows: the training length, or the sliding window."""
@@ -202,20 +204,11 @@ def settings_module():
     except ImportError:  # a record folder's copy, run alone: its log says the settings went unchecked
         return None
 
-BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
-
-def parse_setting(name, raw, default):
-    """An environment variable's text as its setting's type, or an error that shows how to write it."""
-    kind = type(default)
-    text = raw.strip()
-    try:
-        if kind is bool:
-            return BOOLEANS[text.lower()]
-        return kind(text)  # int, float or str
-    except (KeyError, ValueError):
-        what = {bool: "0 or 1", int: "an integer", float: "a number"}[kind]
-        example = int(default) if kind is bool else default
-        raise ConfigError(f"{name}={raw!r} is not {what}; set it like {name}={example}") from None
+def as_setting(text, default):
+    """An environment variable's text as its setting's type: bool (1, true), int, float or str."""
+    if isinstance(default, bool):
+        return text.strip().lower() in ("1", "true")
+    return type(default)(text.strip())
 
 # ---- DEVICE ----
 @dataclass
@@ -274,14 +267,16 @@ def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coef
 class Muon(torch.optim.Optimizer):
     """Nesterov momentum, then orthogonalized updates of 2-D matrices: each rank orthogonalizes every
     world_size-th one, and one all-reduce shares them (fp32: 1 and N processes agree to float noise)."""
-    def __init__(self, params, lr, momentum, backend_steps, update_dtype=torch.bfloat16, weight_decay=0.0,
-                 row_normalize=False, coeffs=QUINTIC_COEFFS, layout=Layout()):
-        defaults = dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay)
+
+    def __init__(self, params, hp, layout=Layout()):
+        defaults = dict(lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
+                        weight_decay=hp.muon_wd)
         super().__init__(params, defaults)
-        self.orthogonalize = zeropower_via_newtonschulz5  # torch.compile'd on CUDA
-        self.update_dtype = update_dtype
-        self.row_normalize = row_normalize
-        self.coeffs = coeffs
+        # torch.compile'd on CUDA
+        self.orthogonalize = zeropower_via_newtonschulz5
+        self.update_dtype = torch.bfloat16 if layout.use_bf16 else torch.float32
+        self.row_normalize = hp.muon_row_normalize
+        self.coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
         self.layout = layout
     @torch.no_grad()
     def step(self, closure=None):
@@ -313,8 +308,13 @@ class Muon(torch.optim.Optimizer):
                                coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
+class Optimizers(NamedTuple):
+    adam: torch.optim.AdamW  # the embeddings, vectors and control tensors
+    muon: Muon  # the other 2-D matrices
+
+
 def build_optimizers(model, hp, layout):
-    """[AdamW for embeddings, vectors and controls; Muon for the other 2-D matrices]."""
+    """AdamW for the embeddings, vectors and control tensors; Muon for the other 2-D matrices."""
     embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
     matrices = []
     scalars = []
@@ -327,14 +327,11 @@ def build_optimizers(model, hp, layout):
                    dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
     adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
                              fused=layout.cuda)
-    muon = Muon(matrices, lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
-                update_dtype=torch.bfloat16 if layout.use_bf16 else torch.float32, weight_decay=hp.muon_wd,
-                row_normalize=hp.muon_row_normalize, layout=layout,
-                coeffs=POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS)
+    muon = Muon(matrices, hp, layout)
     # the schedule scales each group's own LR
     for group in adam.param_groups + muon.param_groups:
         group["base_lr"] = group["lr"]
-    return [adam, muon]
+    return Optimizers(adam, muon)
 
 # ---- DATA ----
 SHARD_MAGIC = 20240520
@@ -886,7 +883,6 @@ CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 # bytes of its own: it gets a tag. zpaq uses one thread, so every rank writes the same bytes.
 COMPRESSORS = {
     "zlib": (partial(zlib.compress, level=9), zlib.decompress, b"\x78"),
-    "lzma": (partial(lzma.compress, preset=9 | lzma.PRESET_EXTREME), lzma.decompress, b"\xfd7zXZ"),
     "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),
                lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
     "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),
@@ -1232,7 +1228,7 @@ def warmup(run, optimizers):
         if step + 1 in (1, hp.warmup_steps):
             run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
     model.zero_grad(set_to_none=True)
-    for target, state in zip([model] + optimizers, initial):
+    for target, state in zip([model, *optimizers], initial):
         target.load_state_dict(state)
     model.set_looping(phases[0])  # after the restore, which loads the initial flag
     synchronize(layout.device)
@@ -1290,6 +1286,15 @@ def check_finite(diverged, step):
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
 
 
+def stop_after_signal(run, newest, state, signum):
+    """A first SIGTERM or SIGINT has checkpointed the run: it stops, naming the command that resumes it."""
+    environ = {**os.environ, "RESUME": str(newest), "RUN_ID": run.hp.run_id}
+    then = f"resume with: {launch_command(environ)}" if newest else "no checkpoint to resume from"
+    run.log(f"stopped by {signal.Signals(signum).name} after step:{state.step}; {then}")
+    shutdown(run)
+    sys.exit(128 + signum)
+
+
 def log_step(run, state, loss):
     hp = run.hp
     if hp.train_log_every <= 0 or (state.step > 10 and state.step % hp.train_log_every):
@@ -1315,7 +1320,8 @@ def train(run, optimizers, ema):
     loader."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
-    state = keeper.restore(run, optimizers, ema, loader) if keeper else LoopState()
+    saved = keeper.restore(run, optimizers, ema, loader) if keeper else {}
+    state = LoopState(**{f.name: saved.get(f.name, f.default) for f in fields(LoopState)})
     losses = LossWatch(layout.device)
     first_step = state.step
     state.start_clock(layout.device)
@@ -1330,7 +1336,7 @@ def train(run, optimizers, ema):
                 ema.swap(model)
         if state.ended(hp):
             break
-        for group in optimizers[1].param_groups:
+        for group in optimizers.muon.param_groups:
             group["momentum"] = muon_momentum(state.step, hp)
         lr_scale = lr_schedule(state.step, state.elapsed_ms, hp)
         batches = next_batches(loader, hp, layout)
@@ -1350,7 +1356,9 @@ def train(run, optimizers, ema):
         if keeper and keeper.due(state, int(signum)):
             with state.paused():
                 check_finite(agree([float(losses.host)], layout)[0], state.step)
-                keeper.save(run, optimizers, ema, loader, state, int(signum))
+                newest = keeper.save(run, optimizers, ema, loader, state, int(signum))
+            if signum:
+                stop_after_signal(run, newest, state, int(signum))
     if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
         spent = state.training_time_ms
         run.log(f"stopping_early: wallclock_cap train_time:{spent:.0f}ms step:{state.step}/{hp.iterations}")
@@ -1439,10 +1447,6 @@ def setup(environ=os.environ) -> Run:
     head_dim = hp.model_dim // hp.num_heads
     if layout.cuda and layout.use_bf16:
         require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
-    folder = Path(hp.artifact_dir)  # CHECKPOINT_DIR: checkpoints.py's
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    writable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
-    require(writable, f"ARTIFACT_DIR={folder}: {existing} is not a writable directory; choose another")
     require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     shards = load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
@@ -1450,8 +1454,7 @@ def setup(environ=os.environ) -> Run:
     source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
     keeper = None
     if hp.save_every or hp.resume:  # what a record never does lives beside this file, handed what it uses
-        keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError, LoopState,
-                                                               launch_command, shutdown)
+        keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError)
     log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
         raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
@@ -1499,7 +1502,7 @@ def build_model(run):
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.optimize_ddp = hp.optimize_ddp
         run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True)
-        optimizers[1].orthogonalize = torch.compile(zeropower_via_newtonschulz5)
+        optimizers.muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     run.trainer = run.scorer
     if layout.distributed:  # without buffer broadcast: every rank holds the same RoPE tables and flags
         device_ids = [layout.local_rank] if layout.cuda else None

@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import time
 
-from run_files import add_run_arguments, cpu_run, load_model, read_run, tg
+from run_files import add_run_arguments, cpu_run, load_model, read_run, settings, tg
 
 
 def grid(pairs: list[str], hp: tg.Hyperparameters) -> list[dict]:
@@ -26,7 +26,11 @@ def grid(pairs: list[str], hp: tg.Hyperparameters) -> list[dict]:
         if name.lower() not in vars(hp):
             raise SystemExit(f"{pair}: {name} is not a setting of train_gpt.py (python train_gpt.py --help)")
         default = getattr(tg.Hyperparameters(), name.lower())
-        axes.append([(name.lower(), tg.parse_setting(name, value, default)) for value in values.split(",")])
+        for value in values.split(","):
+            problems = settings.environ_problems({name: value}, tg.Hyperparameters())
+            if problems:
+                raise SystemExit(f"{pair}: {problems[0]}")
+        axes.append([(name.lower(), tg.as_setting(value, default)) for value in values.split(",")])
     return [dict(combination) for combination in itertools.product(*axes)]
 
 
@@ -46,17 +50,17 @@ def main() -> None:
     _, reference = tg.metrics(tg.score(run.scorer, run.val, run.layout, *hp.windows(args.stride > 0)))
     windows = f"sliding, stride {args.stride}" if args.stride else "plain"
     print(f"no TTT: val_bpb {reference:.5f} ({windows}), {time.perf_counter() - t0:.0f} s", flush=True)
-    for settings in grid(args.settings, hp):
-        ttt_hp = dataclasses.replace(hp, ttt_enabled=True, **settings)
+    for chosen in grid(args.settings, hp):
+        ttt_hp = dataclasses.replace(hp, ttt_enabled=True, **chosen)
         try:
             ttt_hp.validate()
         except tg.ConfigError as error:
-            raise SystemExit(f"{settings}: {error}") from None
+            raise SystemExit(f"{chosen}: {error}") from None
         ttt_run = dataclasses.replace(run, hp=ttt_hp)
         load_model(ttt_run, state)  # fresh weights: global phases train them
         t0 = time.perf_counter()
         _, bpb = tg.metrics(tg.lora_ttt(ttt_run))
-        shown = " ".join(f"{name.upper()}={value}" for name, value in settings.items()) or "the log's settings"
+        shown = " ".join(f"{name.upper()}={value}" for name, value in chosen.items()) or "the log's settings"
         print(f"TTT {shown}: val_bpb {bpb:.5f} (Δ {bpb - reference:+.5f}), {time.perf_counter() - t0:.0f} s",
               flush=True)
 

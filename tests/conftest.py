@@ -86,11 +86,11 @@ def tiny_hp(**overrides) -> tg.Hyperparameters:
 
 
 def new_keeper(hp, source=b"source"):
-    """checkpoints.Keeper as setup() builds it: handed the trainer's shards, error, loop state and stop."""
+    """checkpoints.Keeper as setup() builds it: handed the trainer's source, shards and error."""
     import checkpoints
     found = glob.glob(tg.train_pattern(hp))  # setup() refuses a run without; a test of refusals may have none
     shards = tg.load_shards(tg.train_pattern(hp), "training") if found else []
-    return checkpoints.Keeper(hp, source, shards, tg.ConfigError, tg.LoopState, tg.launch_command, tg.shutdown)
+    return checkpoints.Keeper(hp, source, shards, tg.ConfigError)
 
 
 def all_on_hp(**overrides) -> tg.Hyperparameters:

@@ -210,7 +210,7 @@ def test_a_write_killed_halfway_leaves_the_last_checkpoint(tiny_data, tmp_path, 
     assert keeper.meta["step"] == 1
     state = keeper.restore(fresh.run, fresh.optimizers, fresh.ema, fresh.loader)
     keeper.close()  # restore() listens for SIGTERM and SIGINT: give them back to pytest
-    assert state.step == 1
+    assert state["step"] == 1
     saved = torch.load(first / "state.pt", weights_only=True)["model"]
     restored = fresh.run.model.state_dict()
     assert all(torch.equal(restored[name], w) for name, w in saved.items()), "the step-1 weights"
@@ -274,9 +274,11 @@ def test_a_signalled_checkpoint_on_a_full_disk_stops_with_the_newest_whole_one(t
     kept = contents(first)
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
     keeper = new_keeper(training.hp)
-    with pytest.raises(SystemExit) as stopped:
-        keeper.save(training.run, training.optimizers, training.ema, training.loader, tg.LoopState(step=2),
-                    signal.SIGTERM)
+    state = tg.LoopState(step=2)
+    newest = keeper.save(training.run, training.optimizers, training.ema, training.loader, state, signal.SIGTERM)
+    assert newest == first, "the Keeper returns the checkpoint that resumes the run"
+    with pytest.raises(SystemExit) as stopped:  # the trainer stops, naming the command that resumes it
+        tg.stop_after_signal(training.run, newest, state, signal.SIGTERM)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert re.fullmatch(UNWRITTEN.replace(r"\d+ are free", "1000 are free"), lines[-2]), lines[-2]
     assert re.fullmatch(rf"stopped by SIGTERM after step:2; resume with: .*RESUME={re.escape(str(first))} "
@@ -307,20 +309,26 @@ def test_a_signalled_stop_with_no_whole_checkpoint_says_there_is_none(tiny_data,
     lines = []
     training.run.log = lambda message, console=True: lines.append(message)
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    state = tg.LoopState(step=1)
+    newest = new_keeper(training.hp).save(training.run, training.optimizers, training.ema, training.loader, state,
+                                          signal.SIGINT)
+    assert newest is None
     with pytest.raises(SystemExit) as stopped:
-        new_keeper(training.hp).save(training.run, training.optimizers, training.ema, training.loader,
-                                     tg.LoopState(step=1), signal.SIGINT)
+        tg.stop_after_signal(training.run, newest, state, signal.SIGINT)
     assert stopped.value.code == 128 + signal.SIGINT
     assert "there is no earlier one" in lines[-2]
     assert lines[-1] == "stopped by SIGINT after step:1; no checkpoint to resume from"
 
 
-def test_the_keeper_is_handed_no_module(tiny_data, tmp_path):
-    """The hidden circle of before: setup() handed the Keeper the trainer module itself."""
+def test_the_keeper_is_handed_no_module_and_calls_nothing_back(tiny_data, tmp_path):
+    """The hidden circles of before: setup() handed the Keeper the trainer module itself, then the trainer's
+    launch_command and shutdown, which the Keeper called to stop the run. Now it is handed data and the error
+    class, and returns what it decided: the trainer stops the run."""
     env = tiny_data.env(SAVE_EVERY="5", CHECKPOINT_DIR=tmp_path / "ckpt", ARTIFACT_DIR=tmp_path / "logs")
     keeper = tg.setup(env).keeper
     assert isinstance(keeper, checkpoints.Keeper)
-    handed = {name: value for name, value in vars(keeper).items() if inspect.ismodule(value)}
+    handed = {name: value for name, value in vars(keeper).items()
+              if inspect.ismodule(value) or inspect.isfunction(value) or inspect.ismethod(value)}
     assert not handed, handed
 
 

@@ -340,18 +340,18 @@ def test_two_nodes_without_a_shared_file_system(tiny_data, tmp_path):
 
 
 def test_levers_end_to_end(tiny_data, tmp_path):
-    env = tiny_data.env(RUN_ID="levers", EVAL_STRIDE="16", MATRIX_BITS="6", COMPRESSOR="lzma",
+    env = tiny_data.env(RUN_ID="levers", EVAL_STRIDE="16", MATRIX_BITS="6", COMPRESSOR="brotli",
                         EMA_DECAY="0.9")
     out = run_trainer(env, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    plain = re.search(r"final_int6_lzma_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
-    sliding = re.search(r"final_int6_lzma_sliding_window_exact val_loss:(\S+) val_bpb:(\S+)",
+    plain = re.search(r"final_int6_brotli_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)", out.stdout)
+    sliding = re.search(r"final_int6_brotli_sliding_window_exact val_loss:(\S+) val_bpb:(\S+)",
                         out.stdout)
     assert plain and sliding
     lower = float(sliding.group(1)) < float(plain.group(1))
     assert lower, "more context per scored token lowers the loss"
-    total = int(re.search(r"Total submission size int6\+lzma: (\d+) bytes", out.stdout).group(1))
-    artifact = tmp_path / "logs" / "levers_model.int6_lzma.ptz"
+    total = int(re.search(r"Total submission size int6\+brotli: (\d+) bytes", out.stdout).group(1))
+    artifact = tmp_path / "logs" / "levers_model.int6_brotli.ptz"
     assert total == len((ROOT / "train_gpt.py").read_bytes()) + artifact.stat().st_size
 
 
