@@ -163,7 +163,7 @@ class Keeper:
             return {}
         folder = Path(self.hp.resume)
         saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
-        run.model.load_state_dict(saved["model"])  # its loop phase too
+        run.model.load_state_dict(saved["model"])  # the trainer sets the loop phase it says
         for opt, key in zip(optimizers, ("adam", "muon")):  # the states; the LRs are this run's
             groups = opt.state_dict()["param_groups"]
             opt.load_state_dict({"state": saved[key]["state"], "param_groups": groups})

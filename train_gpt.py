@@ -533,14 +533,52 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
     return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
 
 # ---- MODEL ----
+# Tensors that steer rather than compute: Adam trains them (2-D ones too), and the export keeps them in fp32.
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
-                       "lane_mix", "smear_gate", "attn_gate")
+                       "lane_mix", "smear_lambda", "smear_gate", "attn_gate")
+# The field's cheap gates (SmearGate, the attention gate) read a token's first GATE_WINDOW channels.
+GATE_WINDOW = 12
+ATTN_GATE_SCALE = 0.5
+# The field's BigramHash: (current, previous) multipliers, and the scale at which its projection enters.
+BIGRAM_HASH = (36313, 27191)
+BIGRAM_SCALE = 0.05
+# Each parallel lane's initial weights of [its residual, attention's output, the MLP's output]: the field's.
+LANE_MIX_INIT = (1.1, 1.0, 1.0)
+# The field's: a TTT adapter of rank r adds alpha / r (x A^T) B^T.
+LORA_ALPHA = 144.0
 
-class CastedLinear(nn.Linear):  # fp32 weights for the optimizer; the matmul in the activations' dtype
+
+class CastedLinear(nn.Linear):
+    """fp32 weights for the optimizer; the matmul in the activations' dtype (every layer here is bias-free)."""
+
     def forward(self, x):
-        return F.linear(x, self.weight.to(x.dtype))  # every layer here is bias-free
+        return F.linear(x, self.weight.to(x.dtype))
 
-LORA_ALPHA = 144.0  # the field's: a TTT adapter of rank r adds alpha / r (x A^T) B^T
+
+class LayerAdapters(NamedTuple):
+    """One layer's per-document TTT adapters, each (A, B) or None: on q, k, v, attention's and the MLP's output."""
+    q: tuple | None = None
+    k: tuple | None = None
+    v: tuple | None = None
+    attn_out: tuple | None = None
+    mlp_out: tuple | None = None
+
+
+class Adapters(NamedTuple):
+    """Per-document TTT adapters: a LayerAdapters for each layer as run, and the tied head's (A, B)."""
+    layers: tuple
+    head: tuple | None = None
+
+    def pairs(self):
+        """Every (A, B): the layers' in order, then the head's."""
+        return [pair for layer in self.layers for pair in layer] + [self.head]
+
+    def rows(self, n):
+        """The adapters of the first n documents."""
+        def first(pair):
+            return pair[0][:n], pair[1][:n]
+        return Adapters(tuple(LayerAdapters(*map(first, layer)) for layer in self.layers), first(self.head))
+
 
 def adapt(y, x, lora):
     """y + alpha / r (x A^T) B^T: a per-document TTT adapter (A (D, r, in), B (D, out, r)) on x (D, T, in)."""
@@ -550,23 +588,29 @@ def adapt(y, x, lora):
     down = x @ A.to(x.dtype).transpose(1, 2)  # (D, T, r)
     return y + down @ B.to(x.dtype).transpose(1, 2) * (LORA_ALPHA / A.size(1))
 
+
 def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
+
 
 def input_gate(x, weight, scale=1.0):
     """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
     return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
 
+
 def rotary_cos_sin(seq_len, rope_dims, base):
+    """fp32 tables, each (1, 1, T, rope_dims / 2)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
-    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, rope_dims/2)
-    return freqs.cos()[None, None], freqs.sin()[None, None]  # (1, 1, T, rope_dims/2)
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return freqs.cos()[None, None], freqs.sin()[None, None]
+
 
 def apply_rotary(x, cos, sin):
     """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
     rotated = 2 * cos.size(-1)
     x1, x2 = x[..., :rotated].chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, hp, layer):
@@ -580,51 +624,63 @@ class CausalSelfAttention(nn.Module):
         self.c_v = CastedLinear(dim, kv_dim, bias=False)
         self.proj = CastedLinear(dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
-        # fp32 tables computed once, not inside the kernels; not saved, and not broadcast by DDP
+        # computed once, not inside the kernels; not saved, and not broadcast by DDP
         cos, sin = rotary_cos_sin(hp.longest_seq_len, hp.rope_dims or self.head_dim, hp.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention's sharpness is learned here, per head
         self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
-        gate = nn.Parameter(torch.zeros(hp.num_heads, min(12, dim)))  # (H, 12)
-        self.attn_gate = gate if hp.sparse_attn_gate_enabled else None
-    def forward(self, x, lora=(None,) * 3):  # lora: per-document TTT's adapters of q, k, v
+        self.attn_gate = None
+        if hp.sparse_attn_gate_enabled:
+            self.attn_gate = nn.Parameter(torch.zeros(hp.num_heads, min(GATE_WINDOW, dim)))
+
+    def forward(self, x, lora=LayerAdapters()):
         B, T, C = x.shape
         heads = (-1, self.head_dim)
-        q = adapt(self.c_q(x), x, lora[0]).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
-        k = adapt(self.c_k(x), x, lora[1]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = adapt(self.c_v(x), x, lora[2]).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        # (B, H, T, hd) for q; (B, Hkv, T, hd) for k and v
+        q = adapt(self.c_q(x), x, lora.q).unflatten(-1, heads).transpose(1, 2)
+        k = adapt(self.c_k(x), x, lora.k).unflatten(-1, heads).transpose(1, 2)
+        v = adapt(self.c_v(x), x, lora.v).unflatten(-1, heads).transpose(1, 2)
         cos = self.rope_cos[:, :, :T]
         sin = self.rope_sin[:, :, :T]
-        q = rms_norm(q)  # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
+        # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
+        q = rms_norm(q)
         k = rms_norm(k)
         q = apply_rotary(q, cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
         k = apply_rotary(k, cos, sin)
         gqa = k.size(1) != q.size(1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
-        if self.xsa:  # exclusive self-attention: drop each head's component along its token's own value
+        if self.xsa:
+            # exclusive self-attention: drop each head's component along its token's own value
             y = y.unflatten(1, (k.size(1), -1))  # (B, Hkv, H / Hkv, T, hd): query heads by their group
             v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
             y = y.flatten(1, 2)
-        if self.attn_gate is not None:  # each head's output times a gate on the token (the field's)
-            gate = input_gate(x, self.attn_gate, 0.5).transpose(1, 2)  # (B, H, T)
+        if self.attn_gate is not None:
+            # each head's output times a gate on the token (the field's)
+            gate = input_gate(x, self.attn_gate, ATTN_GATE_SCALE).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
+
 class MLP(nn.Module):
+    """leaky_relu(x, slope)^2 between two matrices; slope 0: the challenge's relu^2."""
+
     def __init__(self, dim, mlp_mult, leaky_slope=0.0):
         super().__init__()
         self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
         self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         self.leaky_slope = leaky_slope
+
     def forward(self, x):
-        return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())  # slope 0: relu^2
+        return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())
+
 
 class Block(nn.Module):
     """Attention then MLP on one residual stream, or (PARALLEL_START_LAYER on) on two lanes: attention reads
     lane 0, the MLP lane 1, and each lane adds both outputs with learned weights (the field's)."""
+
     def __init__(self, hp, layer):
         super().__init__()
         dim = hp.model_dim
@@ -636,120 +692,142 @@ class Block(nn.Module):
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
         # deeper layers add less (LN scale)
         self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0
-        # per lane: the weights of [its residual, attention's output, the MLP's output] (the field's init)
-        lanes = 0 < hp.parallel_start_layer <= layer
-        self.lane_mix = nn.Parameter(torch.tensor([[1.1, 1.0, 1.0]] * 2)) if lanes else None
+        self.lane_mix = None
+        if 0 < hp.parallel_start_layer <= layer:
+            self.lane_mix = nn.Parameter(torch.tensor([LANE_MIX_INIT] * 2))
+
     def norm(self, x):
         return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
+
     def forward(self, lanes, x0, lora):
-        """lanes: [(B, T, C)], one or two; lora: TTT's adapters (q, k, v, attention out, MLP out) on the normed
-        inputs, the last two added to the attention and MLP outputs (the field's)."""
+        """lanes: [(B, T, C)], one or two; lora: the layer's TTT adapters, those of the attention and MLP outputs
+        on their normed inputs (the field's)."""
         mix = self.resid_mix.to(x0.dtype)
         x = mix[0] * lanes[0] + mix[1] * x0
         n = self.norm(x)
-        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora[3])
+        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora.attn_out)
         if self.lane_mix is None:
             x = x + attn
             n = self.norm(x)
-            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])]
+            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.mlp_out)]
         n = self.norm(lanes[1])
-        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora[4])
+        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.mlp_out)
         w = self.lane_mix.to(x.dtype)  # (lanes, 3)
         return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
+
 
 def lanes_mean(lanes):
     return lanes[0] if len(lanes) == 1 else torch.stack(lanes).mean(0)
 
+
 def bigram_hash(idx, buckets):
     """(previous, current) -> rows 0..buckets-2 (the field's BigramHash); last row: no previous, or BOS."""
     prev = F.pad(idx[:, :-1], (1, 0))
-    rows = torch.bitwise_xor(36313 * idx, 27191 * prev) % (buckets - 1)
+    rows = torch.bitwise_xor(BIGRAM_HASH[0] * idx, BIGRAM_HASH[1] * prev) % (buckets - 1)
     first = torch.arange(idx.size(1), device=idx.device) == 0
     return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
+
 
 class GPT(nn.Module):
     def __init__(self, hp):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
-        # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
-        buckets = hp.bigram_vocab_size
-        self.bigram = nn.Embedding(buckets, hp.bigram_dim) if buckets else None
-        self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if buckets else None
-        if buckets:
+        self.bigram = None
+        self.bigram_proj = None
+        if hp.bigram_vocab_size:
+            # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
+            self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
+            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False)
             nn.init.zeros_(self.bigram.weight)
-        # [lambda, w_1..w_12] of x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: starts as a no-op
-        smear = nn.Parameter(torch.zeros(1 + min(12, hp.model_dim)))
-        self.smear_gate = smear if hp.smear_gate_enabled else None
+        self.smear_gate = None
+        if hp.smear_gate_enabled:
+            # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+            self.smear_gate = nn.Parameter(torch.zeros(min(GATE_WINDOW, hp.model_dim)))
         self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
         self.parallel_start_layer = hp.parallel_start_layer
         # depth recurrence: the order the blocks run in once looping is on (set_looping)
         first = list(range(hp.loop_end + 1))
         looped = list(range(hp.loop_start, hp.loop_end + 1)) * hp.num_loops
         self.looped_order = first + looped + list(range(hp.loop_end + 1, hp.num_layers))
-        # an attribute: torch.compile guards on it (a second graph, primed in warmup)
+        # an attribute, which torch.compile guards on (a graph for each phase, compiled in warmup)
         self.looping = False
-        if hp.num_loops:  # saved with the weights, so a reloaded artifact runs its layers as trained
+        if hp.num_loops:
+            # the phase in the artifact's weights too, for a reader (set_looping writes it)
             self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
-            self.register_load_state_dict_post_hook(
-                lambda module, _: module.set_looping(bool(module.loop_on)))
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
-        gates = nn.Parameter(torch.zeros_like(self.skip_weights))
-        self.skip_gates = gates if hp.skip_gates_enabled else None
-        # the field's init; output projections stay zero
-        for block in self.blocks if hp.ortho_init else []:
-            for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
-                nn.init.orthogonal_(linear.weight)
-        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)  # the output head too
-    def set_looping(self, on):  # depth recurrence on or off, in the artifact's flag too
+        self.skip_gates = None
+        if hp.skip_gates_enabled:
+            self.skip_gates = nn.Parameter(torch.zeros_like(self.skip_weights))
+        if hp.ortho_init:
+            # the field's init; output projections stay zero
+            for block in self.blocks:
+                for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
+                    nn.init.orthogonal_(linear.weight)
+        # GPTQ hooks its output
+        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)
+        # the tied output head's too
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
+
+    def set_looping(self, on):
+        """Depth recurrence on or off: the one place the phase changes."""
         self.looping = on
         if hasattr(self, "loop_on"):
             self.loop_on.fill_(int(on))
+
     def layer_order(self):
         return self.looped_order if self.looping else list(range(len(self.blocks)))
+
     def embed(self, idx):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.bigram is not None:
             pairs = self.bigram(bigram_hash(idx, self.bigram.num_embeddings))
-            x = x + 0.05 * self.bigram_proj(pairs)
-        if self.smear_gate is not None:  # a BOS takes nothing from the document before it
-            gate = input_gate(x, self.smear_gate[None, 1:])[..., 0]  # (B, T)
-            gate = self.smear_gate[0] * gate * (idx != BOS_ID)
+            x = x + BIGRAM_SCALE * self.bigram_proj(pairs)
+        if self.smear_gate is not None:
+            # each token takes a gated share of the one before; a BOS takes nothing from the document before it
+            gate = input_gate(x, self.smear_gate[None])[..., 0]  # (B, T)
+            gate = self.smear_lambda * gate * (idx != BOS_ID)
             x = x + gate[..., None].to(x.dtype) * F.pad(x[:, :-1], (0, 0, 1, 0))
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return rms_norm(x)
+
     def logits(self, idx, lora=None):
-        """(B, T, V); lora: per-document TTT's adapters, 5 for each layer as run, then the head's."""
+        """(B, T, V); lora: per-document TTT's Adapters."""
         x0 = self.embed(idx)
-        lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
+        # the residual stream; two lanes from PARALLEL_START_LAYER on
+        lanes = [x0]
         order = self.layer_order()
-        lora = lora or [None] * (5 * len(order) + 1)
+        lora = lora or Adapters((LayerAdapters(),) * len(order))
         num_encoder = len(order) // 2
         skips = []
         for i, layer in enumerate(order):
-            if layer == self.parallel_start_layer > 0 and len(lanes) == 1:
+            if layer == self.parallel_start_layer and layer > 0 and len(lanes) == 1:
                 lanes = [lanes[0], lanes[0]]
-            if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder
+            if i >= num_encoder and skips:
+                # U-Net: the deepest encoder output meets the first decoder
                 lanes[0] = self.add_skip(lanes[0], i - num_encoder, skips.pop())
-            lanes = self.blocks[layer](lanes, x0, lora[5 * i:5 * i + 5])
+            lanes = self.blocks[layer](lanes, x0, lora.layers[i])
             if i < num_encoder:
                 skips.append(lanes_mean(lanes))
         x = self.final_norm(lanes_mean(lanes))
-        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora[-1]).float()  # the tied head
+        # the tied head
+        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+
     def add_skip(self, x, k, skip):
         """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
         skip = self.skip_weights[k].to(x.dtype) * skip
         if self.skip_gates is None:
             return x + skip
         return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
+
     def forward(self, idx, targets, reduction="mean", lora=None):
         logits = self.logits(idx, lora)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                               reduction=reduction)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+
 
 # ---- EVALUATION ----
 def metrics(sums):
@@ -817,60 +895,74 @@ def lora_ttt(run, world_size=0):
     return sums.cpu()
 
 def new_adapters(model, hp, rows, device):
-    """[(A, B)] of `rows` documents, 5 for each layer as run (q, k, v, attention out, MLP out), then the head's:
-    A uniform (nn.Linear's init), B zero, so that the model starts as it is."""
+    """Adapters for `rows` documents on q, k, v, attention's and the MLP's outputs of each layer as run, then the
+    head's: A uniform (nn.Linear's init), B zero, so that the model starts as it is."""
     dim = model.tok_emb.embedding_dim
     kv_dim = model.blocks[0].attn.c_k.out_features
-    outputs = [dim, kv_dim, kv_dim, dim, dim] * len(model.layer_order())
-    outputs.append(model.tok_emb.num_embeddings)
-    lora = []
-    for out in outputs:
+
+    def pair(out):
         A = torch.rand(rows, hp.ttt_lora_rank, dim, device=device)
         B = torch.zeros(rows, out, hp.ttt_lora_rank, device=device)
-        lora.append((((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()))
-    return lora
+        return ((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()
+    layers = tuple(LayerAdapters(*(pair(out) for out in (dim, kv_dim, kv_dim, dim, dim)))
+                   for _ in model.layer_order())
+    return Adapters(layers, pair(model.tok_emb.num_embeddings))
+
+
+def chunk_windows(val, spans, lo, hp, rows):
+    """One step of TTT's chunks: for each document, the window that ends at its chunk (its targets a + lo on, at
+    most TTT_CHUNK_SIZE of them), at most the eval window long and never reaching before the document. Returns
+    the windows' tokens (rows, T + 1), each scored target's bytes (-1: not scored) and which rows train."""
+    window = min(lo + hp.ttt_chunk_size, hp.eval_window)
+    tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
+    counted = torch.full((rows, window), -1)
+    trained = torch.zeros(rows)
+    for row, (a, b) in enumerate(spans[:rows]):
+        # past the chunk's last target (a document already done: no target)
+        chunk_end = min(a + lo + hp.ttt_chunk_size, b)
+        window_start = max(a - 1, chunk_end - 1 - window)
+        tokens[row, :chunk_end - window_start] = val.tokens[window_start:chunk_end]
+        # the chunk's targets end the window
+        chunk_start = a + lo - 1 - window_start
+        counted[row, chunk_start:chunk_end - 1 - window_start] = val.bytes[a + lo:chunk_end]
+        # the last chunk is only scored
+        trained[row] = chunk_end < b
+    return tokens, counted, trained
+
 
 def ttt_group(run, val, spans, lora):
-    """Documents side by side, chunk by chunk: a chunk is scored in a window of its document ending at it, then
-    its adapters take an AdamW step on it (not on the last). B and AdamW start anew; A carries over."""
+    """Documents side by side, chunk by chunk: each chunk is scored in its window (chunk_windows), then the
+    adapters take an AdamW step on it. B and AdamW start anew for each group; A carries over."""
     hp, layout = run.hp, run.layout
-    for A, B in lora:
+    for A, B in lora.pairs():
         B.detach().zero_()
-    params = [t for pair in lora for t in pair]
-    adamw = torch.optim.AdamW(params, hp.ttt_lora_lr, (hp.ttt_beta1, hp.ttt_beta2), 1e-10, hp.ttt_weight_decay,
-                              fused=layout.cuda)
+    params = [t for pair in lora.pairs() for t in pair]
+    adamw = torch.optim.AdamW(params, lr=hp.ttt_lora_lr, betas=(hp.ttt_beta1, hp.ttt_beta2), eps=1e-10,
+                              weight_decay=hp.ttt_weight_decay, fused=layout.cuda)
     run.model.requires_grad_(False)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
-    size = hp.ttt_chunk_size
-    for lo in range(0, max(b - a for a, b in spans), size):  # each document's targets a + lo onwards
-        window = min(lo + size, hp.eval_window)
+    for lo in range(0, max(b - a for a, b in spans), hp.ttt_chunk_size):
         # compiled: every row, one shape; eager: the documents not yet done (the longest come first)
-        rows = len(lora[0][0]) if layout.use_compile else sum(lo < b - a for a, b in spans)
-        tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
-        counted = torch.full((rows, window), -1)  # each scored target's bytes; -1: not scored
-        trained = torch.zeros(rows)
-        for row, (a, b) in enumerate(spans[:rows]):
-            end = min(a + lo + size, b)  # past the chunk's last target (a done document: no target)
-            # the window's first input: the document's, at most `window` before the chunk's end
-            start = max(a - 1, end - 1 - window)
-            tokens[row, :end - start] = val.tokens[start:end]
-            counted[row, a + lo - 1 - start:end - 1 - start] = val.bytes[a + lo:end]
-            trained[row] = end < b
-        tokens, counted, trained = (t.to(layout.device) for t in (tokens, counted, trained))
+        rows = len(lora.head[0]) if layout.use_compile else sum(lo < b - a for a, b in spans)
+        windows = chunk_windows(val, spans, lo, hp, rows)
+        tokens, counted, trained = (t.to(layout.device) for t in windows)
         x, y = tokens[:, :-1], tokens[:, 1:]
-        torch._dynamo.mark_dynamic(x, 1)  # one compiled graph for every window
+        # one compiled graph for every window
+        torch._dynamo.mark_dynamic(x, 1)
         torch._dynamo.mark_dynamic(y, 1)
         scored = counted >= 0
-        cut = [(A[:rows], B[:rows]) for A, B in lora]
         with autocast(layout):
-            losses = torch.where(scored, run.scorer(x, y, "none", cut).view_as(scored), 0.0)
+            losses = run.scorer(x, y, reduction="none", lora=lora.rows(rows)).view_as(scored)
+            losses = torch.where(scored, losses, 0.0)
         sums += torch.stack([losses.detach().double().sum(), scored.sum(), (counted * scored).sum()])
-        means = losses.sum(1) / scored.sum(1).clamp(min=1)  # each document's mean over its chunk
+        # each document's mean over its chunk
+        means = losses.sum(1) / scored.sum(1).clamp(min=1)
         (means * trained).sum().backward()
         adamw.step()
         adamw.zero_grad(set_to_none=True)
     run.model.requires_grad_(True)
     return sums
+
 
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
 # Tensors up to this size stay in float: at width 256 the attention matrices (32k-65k) are quantized too.
@@ -1217,7 +1309,8 @@ def warmup(run, optimizers):
     after: the weights, the optimizer states and the data start again). The final passes prime their own."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
-    phases = list(dict.fromkeys(looping_at(f, hp) for f in (0.0, hp.enable_looping_at)))
+    # off, then on from ENABLE_LOOPING_AT; one of them only without loops, or with them on from the start
+    phases = sorted({looping_at(0.0, hp), looping_at(hp.enable_looping_at, hp)})
     # the weights wait on the host, as the challenge's script keeps them, not in device memory
     initial = [{name: t.detach().cpu().clone() for name, t in model.state_dict().items()}]
     initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
@@ -1230,7 +1323,6 @@ def warmup(run, optimizers):
     model.zero_grad(set_to_none=True)
     for target, state in zip([model, *optimizers], initial):
         target.load_state_dict(state)
-    model.set_looping(phases[0])  # after the restore, which loads the initial flag
     synchronize(layout.device)
     run.log(f"warmup: steps:{hp.warmup_steps} phases:{len(phases)} graphs:{compiled_graphs()} "
             f"time:{ms_since(t0):.0f}ms")
@@ -1324,6 +1416,11 @@ def train(run, optimizers, ema):
     state = LoopState(**{f.name: saved.get(f.name, f.default) for f in fields(LoopState)})
     losses = LossWatch(layout.device)
     first_step = state.step
+    looping = looping_at(0.0, hp)
+    if saved and hasattr(model, "loop_on"):
+        # the phase the checkpoint's weights were saved in
+        looping = bool(model.loop_on)
+    model.set_looping(looping)
     state.start_clock(layout.device)
     while True:
         every = hp.val_loss_every
@@ -1527,7 +1624,8 @@ def main():
         ema.swap(run.model)  # calibration and export see the weights the last validation scored
         hessians = calibrate(run, loader) if hp.gptq else None
         blob = export(run, hessians)
-        run.model.load_state_dict(load_artifact(blob), strict=True)  # its loop phase too
+        # the weights as the artifact holds them: the final passes score those; the phase stays as trained
+        run.model.load_state_dict(load_artifact(blob), strict=True)
         final_passes(run)
         shutdown(run)
     except BaseException as error:

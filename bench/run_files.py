@@ -90,6 +90,8 @@ def load_model(run: tg.Run, state: dict) -> None:
     except RuntimeError as error:
         raise SystemExit(f"{error}\nThe weights do not fit the model the log's settings build: pass the log "
                          "of the run that wrote them (or --reader for an older format)") from None
+    # the depth-recurrence phase the weights were trained in, which they carry
+    run.model.set_looping(bool(state.get("loop_on", 0)))
     run.scorer = run.model
     if run.layout.use_compile:
         run.scorer = torch.compile(run.model, dynamic=False)

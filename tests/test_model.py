@@ -307,7 +307,7 @@ def test_a_two_lane_block_mixes_each_lane_with_both_outputs():
     b = torch.randn(2, 16, 32)
     x0 = torch.randn(2, 16, 32)
     with torch.no_grad():
-        out = block([a, b], x0, [None] * 5)  # no TTT adapters
+        out = block([a, b], x0, tg.LayerAdapters())  # no TTT adapters
         mix = block.resid_mix
         x = mix[0] * a + mix[1] * x0
         attn = block.attn_scale * block.attn(F.rms_norm(x, (32,)))
@@ -421,15 +421,23 @@ def test_loop_start_frac_one_never_loops_and_zero_loops_from_the_start():
 
 
 def test_the_loop_phase_travels_with_the_weights(tmp_path):
+    """The artifact says which phase it was trained in; loading weights changes no phase by itself, so a reader
+    (deep_eval, the benches) sets it from them, and one that does not runs its own phase."""
     hp = all_on_hp(model_dim=192, bigram_dim=16)
     model = random_model(hp)
     model.set_looping(True)
     tg.save_artifact(model.state_dict(), tmp_path / "m.ptz", hp)
     reloaded = tg.GPT(hp)
-    assert not reloaded.looping
-    reloaded.load_state_dict(tg.load_artifact(tmp_path / "m.ptz"), strict=True)
-    assert reloaded.looping, "scored as trained (deep_eval too)"
-    assert reloaded.layer_order() == model.layer_order()
+    state = tg.load_artifact(tmp_path / "m.ptz")
+    reloaded.load_state_dict(state, strict=True)
+    assert not reloaded.looping, "set_looping alone changes the phase"
+    reloaded.set_looping(bool(state["loop_on"]))
+    assert reloaded.looping and reloaded.layer_order() == model.layer_order(), "scored as trained"
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run_files
+    run = tg.Run(hp, tg.Layout(), None, b"")
+    run_files.load_model(run, state)
+    assert run.model.looping, "the benches read the phase from the weights"
     plain = tg.GPT(tiny_hp()).state_dict()
     assert "loop_on" not in plain, "without loops the state dict is as before"
 

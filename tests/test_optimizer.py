@@ -96,7 +96,8 @@ def test_muon_step_matches_reference(dtype, atol):
     momentum_bufs = [torch.zeros_like(p) for p in params]
     lr = 0.05
     momentum = 0.9
-    opt = tg.Muon(params, lr=lr, momentum=momentum, backend_steps=5, update_dtype=dtype)
+    hp = tg.Hyperparameters(matrix_lr=lr, muon_momentum=momentum, muon_backend_steps=5)
+    opt = tg.Muon(params, hp, tg.Layout(use_bf16=dtype == torch.bfloat16))
     for _ in range(3):
         grads = [torch.randn_like(p) for p in params]
         for p, g in zip(params, grads):
@@ -118,17 +119,10 @@ def test_muon_step_matches_reference(dtype, atol):
 def test_muon_weight_decay_with_zero_gradient_is_exact_shrinkage(row_normalize, polar):
     p = torch.nn.Parameter(torch.randn(16, 24))
     before = p.detach().clone()
-    coeffs = tg.POLAR_EXPRESS_COEFFS if polar else tg.QUINTIC_COEFFS
-    muon = tg.Muon(
-        [p],
-        lr=0.05,
-        momentum=0.95,
-        backend_steps=5,
-        update_dtype=torch.float32,
-        weight_decay=0.2,
-        row_normalize=row_normalize,
-        coeffs=coeffs,
-    )
+    hp = tg.Hyperparameters(matrix_lr=0.05, muon_momentum=0.95, muon_wd=0.2, muon_row_normalize=row_normalize,
+                            muon_polar=polar)
+    muon = tg.Muon([p], hp)
+    assert muon.coeffs == (tg.POLAR_EXPRESS_COEFFS if polar else tg.QUINTIC_COEFFS)
     p.grad = torch.zeros_like(p)
     muon.step()
     assert torch.equal(p.detach(), before * (1 - 0.05 * 0.2))
@@ -141,8 +135,7 @@ def test_muon_row_norm_equalizes_rows_before_orthogonalizing():
         seen.append(g.clone())
         return g
     p = torch.nn.Parameter(torch.randn(8, 16))
-    muon = tg.Muon([p], lr=0.0, momentum=0.0, backend_steps=5, update_dtype=torch.float32,
-                   row_normalize=True)
+    muon = tg.Muon([p], tg.Hyperparameters(matrix_lr=0.0, muon_momentum=0.0, muon_row_normalize=True))
     muon.orthogonalize = record
     p.grad = torch.randn(8, 16) * torch.arange(1, 9)[:, None]
     muon.step()

@@ -110,7 +110,10 @@ def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: 
     tokenizer = mod.load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     val = mod.load_validation(hp, tokenizer, device=device)
     model = mod.GPT(hp).to(device)
-    model.load_state_dict(mod.load_artifact(model_path), strict=True)
+    state = mod.load_artifact(model_path)
+    model.load_state_dict(state, strict=True)
+    if "loop_on" in state:  # the phase the weights were trained in (scripts before 2026-11-28 set it on load)
+        model.set_looping(bool(state["loop_on"]))
     run = mod.Run(hp, layout, val, b"", model=model, scorer=model, trainer=model)
     if mode == "ttt" and hasattr(mod, "lora_ttt"):  # scripts since 2026-11-26: per-document LoRA TTT
         if "world_size" in inspect.signature(mod.lora_ttt).parameters:  # since 2026-11-28
