@@ -163,7 +163,9 @@ class Keeper:
             return {}
         folder = Path(self.hp.resume)
         saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
-        run.model.load_state_dict(saved["model"])  # the trainer sets the loop phase it says
+        run.model.load_state_dict(saved["model"])
+        if hasattr(run.model, "loop_on"):  # the depth-recurrence phase the checkpoint was saved in
+            run.model.set_looping(bool(run.model.loop_on))
         for opt, key in zip(optimizers, ("adam", "muon")):  # the states; the LRs are this run's
             groups = opt.state_dict()["param_groups"]
             opt.load_state_dict({"state": saved[key]["state"], "param_groups": groups})

@@ -1,10 +1,8 @@
 """train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
-with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb.
-It runs on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU and the CPU (README.md).
-
-Every setting is an environment variable, named as the field names it; settings.py beside it checks them and
-makes --help. Rank 0 writes logs/<RUN_ID>.txt: this file's source, versions, hardware, then every console line.
-Checkpoints (SAVE_EVERY, RESUME) live in checkpoints.py, the code packer in tools/packing.py. Cap: 1500 lines."""
+with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb, on
+8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md). Every setting is
+an environment variable named as the field names it; settings.py checks them and makes --help. Rank 0 writes
+logs/<RUN_ID>.txt: this file, versions, hardware, every console line. Checkpoints: checkpoints.py. Cap: 1500."""
 
 from __future__ import annotations
 
@@ -39,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._pytree import tree_leaves, tree_map
 
 # ---- HYPERPARAMETERS ----
 class ConfigError(ValueError):
@@ -51,7 +50,6 @@ def require(ok, message):
 @dataclass
 class Hyperparameters:
     """Every setting; its environment variable is its name in upper case. --help prints each comment."""
-    # data, run and logging
     data_path: str = "./data/datasets/fineweb10B_sp1024"  # folder of fineweb_{train,val}_*.bin shards
     tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"  # SentencePiece .model or byte .json
     run_id: str = ""  # names the log, the artifact and the checkpoints; empty: a random uuid
@@ -60,7 +58,6 @@ class Hyperparameters:
     val_batch_size: int = 524_288  # validation tokens per batch, over all ranks
     val_loss_every: int = 1000  # validate every N steps; 0: only at the end
     train_log_every: int = 200  # a step line every N steps (and the first 10)
-    # schedule
     iterations: int = 20_000  # step cap
     warmdown_iters: int = 1200  # LR to 0 over the last N steps (or N x step time under a wallclock cap)
     warmdown_frac: float = 0.0  # ... over this fraction of the step or time budget instead; 0: by steps
@@ -70,7 +67,6 @@ class Hyperparameters:
     train_seq_len: int = 1024  # training (and plain validation) sequence length
     max_wallclock_seconds: float = 600.0  # training-time cap; 0: none
     grad_accum_steps: int = 0  # micro-steps per step; 0: 8 // world size (1 and 8 GPUs: the same step)
-    # model
     vocab_size: int = 1024  # must equal the tokenizer's
     num_layers: int = 9  # blocks; the first half feed U-Net skips into the second
     num_kv_heads: int = 4  # key/value heads (GQA)
@@ -95,7 +91,6 @@ class Hyperparameters:
     skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g zero-initialized
     sparse_attn_gate_enabled: bool = False  # each head's output times sigmoid(0.5 w_h . x[:12]), w zero
     ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections stay zero)
-    # optimizer
     tied_embed_lr: float = 0.05  # Adam LR of the tied embedding
     tied_embed_init_std: float = 0.005  # init std of the tied embedding
     matrix_lr: float = 0.04  # Muon LR of the block matrices
@@ -114,7 +109,6 @@ class Hyperparameters:
     embed_wd: float = 0.0  # ... of the embeddings (AdamW)
     adam_wd: float = 0.0  # ... of the vectors and control tensors (AdamW)
     ema_decay: float = 0.0  # the EMA of the weights is what validates and exports; 0: off
-    # evaluation and export
     eval_seq_len: int = 0  # the sliding window's length; 0: TRAIN_SEQ_LEN
     eval_stride: int = 0  # sliding evaluation: each window scores its last STRIDE tokens; 0: off
     sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: not when TTT scores the run
@@ -141,7 +135,6 @@ class Hyperparameters:
     compressor: str = "zlib"  # zlib, brotli or zpaq (the smallest and by far the slowest)
     pack_code: bool = False  # count the code packed (minified, lzma, base85), as a record folder holds it
     sidecar_bytes: str = "check"  # a byte sidecar must match the decoded text; trust: unchecked, as the field
-    # long runs (checkpoints.py)
     save_every: int = 0  # checkpoint every N steps and at the end; a first SIGTERM/SIGINT checkpoints too
     keep_checkpoints: int = 3  # keep the newest K checkpoints; 0: all
     checkpoint_dir: str = "checkpoints"  # checkpoints go to CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/
@@ -150,11 +143,9 @@ class Hyperparameters:
     compile: str = "auto"  # torch.compile: auto (CUDA: on; CPU: off, exact and never slower), 0 or 1
     bf16: str = "auto"  # bf16 autocast and bf16 Muon updates: auto (as COMPILE), 0 or 1
     optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at gradient buckets (the field: off)
-
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
-        """The settings environ sets. settings.py, where it sits beside this file, first refuses names that are
-        not settings and values that do not parse, all at once."""
+        """The settings environ sets, once settings.py (beside this file) has refused what cannot work."""
         checks = settings_module()
         problems = checks.environ_problems(environ, cls()) if checks else []
         require(not problems, "\n".join(problems))
@@ -190,10 +181,9 @@ class Hyperparameters:
         problems = checks.problems(self) if checks else []
         require(not problems, "\n".join(problems))
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
-        batch = self.train_batch_tokens
+        batch, val_batch = self.train_batch_tokens, self.val_batch_size
         require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
-        require(self.val_batch_size >= per_micro,
-                f"VAL_BATCH_SIZE={self.val_batch_size}: use at least {per_micro}")
+        require(val_batch >= per_micro, f"VAL_BATCH_SIZE={val_batch}: use at least {per_micro}")
 
 ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]
 
@@ -244,8 +234,7 @@ def autocast(layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
 
 # ---- MUON OPTIMIZER ----
-# (a, b, c) per Newton-Schulz iteration, the last repeated: the quintic leaves singular values in ~[0.7, 1.2]
-# (Keller Jordan, modded-nanogpt); Polar Express (Amsel et al. 2025) narrows the band fastest.
+# (a, b, c) per Newton-Schulz step, the last repeated: the quintic (modded-nanogpt); Polar Express (Amsel 2025)
 QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
 POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),  # the field's, in full
                         (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -265,15 +254,11 @@ def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coef
     return X.T if transposed else X
 
 class Muon(torch.optim.Optimizer):
-    """Nesterov momentum, then orthogonalized updates of 2-D matrices: each rank orthogonalizes every
-    world_size-th one, and one all-reduce shares them (fp32: 1 and N processes agree to float noise)."""
-
+    """Nesterov momentum, then orthogonalized updates of 2-D matrices, every world_size-th on each rank."""
     def __init__(self, params, hp, layout=Layout()):
-        defaults = dict(lr=hp.matrix_lr, momentum=hp.muon_momentum, backend_steps=hp.muon_backend_steps,
-                        weight_decay=hp.muon_wd)
-        super().__init__(params, defaults)
-        # torch.compile'd on CUDA
-        self.orthogonalize = zeropower_via_newtonschulz5
+        super().__init__(params, dict(lr=hp.matrix_lr, momentum=hp.muon_momentum,
+                                      backend_steps=hp.muon_backend_steps, weight_decay=hp.muon_wd))
+        self.orthogonalize = zeropower_via_newtonschulz5  # torch.compile'd on CUDA
         self.update_dtype = torch.bfloat16 if layout.use_bf16 else torch.float32
         self.row_normalize = hp.muon_row_normalize
         self.coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
@@ -298,20 +283,19 @@ class Muon(torch.optim.Optimizer):
             if self.layout.distributed:
                 dist.all_reduce(updates)  # summed
             for p, update in zip(params, views):
-                if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
+                # decoupled: it shrinks the weights, so their compressed size too
+                if group["weight_decay"]:
                     p.mul_(1.0 - group["lr"] * group["weight_decay"])
                 p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
     def update(self, g, group):
         if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
-        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype,
-                               coeffs=self.coeffs)
+        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
         return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
 
 class Optimizers(NamedTuple):
     adam: torch.optim.AdamW  # the embeddings, vectors and control tensors
     muon: Muon  # the other 2-D matrices
-
 
 def build_optimizers(model, hp, layout):
     """AdamW for the embeddings, vectors and control tensors; Muon for the other 2-D matrices."""
@@ -321,15 +305,13 @@ def build_optimizers(model, hp, layout):
     for name, p in model.named_parameters():
         if any(p is e for e in embeddings):
             continue
-        control = any(key in name for key in CONTROL_PARAM_NAMES)
-        (matrices if p.ndim == 2 and not control else scalars).append(p)
+        (matrices if p.ndim == 2 and not is_control(name) else scalars).append(p)
     adam_groups = [dict(params=embeddings, lr=hp.tied_embed_lr, weight_decay=hp.embed_wd),
                    dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
     adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
                              fused=layout.cuda)
     muon = Muon(matrices, hp, layout)
-    # the schedule scales each group's own LR
-    for group in adam.param_groups + muon.param_groups:
+    for group in adam.param_groups + muon.param_groups:  # the schedule scales each group's own LR
         group["base_lr"] = group["lr"]
     return Optimizers(adam, muon)
 
@@ -338,9 +320,8 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 SHARD_HEADER_BYTES = 256 * 4  # 256 little-endian int32: magic, version, token count, zeros
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
-DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus "
-             "(DATA_PATH=./data/datasets/sotu_sp1024 TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); "
-             "data/download_challenge.py gets the challenge's")
+DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024,"
+             " TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py the field's")
 
 def shard_tokens(path, vocab_size=None):
     """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
@@ -370,8 +351,7 @@ def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
     rank, world = share
     shards = [shard_tokens(f, vocab_size if i % world == rank else None) for i, f in enumerate(files)]
-    require(sum(map(len, shards)) > 0,
-            f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
+    require(sum(map(len, shards)) > 0, f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
     return shards
 
 def train_pattern(hp):
@@ -397,8 +377,7 @@ class DistributedTokenLoader:
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
     def next_batch(self, global_tokens, seq_len, grad_accum_steps) -> tuple[Tensor, Tensor]:
         span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
-        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
-        local = local.to(torch.int64)
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copies below are asynchronous and overlap compute
         x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
@@ -413,9 +392,7 @@ class Tokenizer:
     """Per-id tables of the text behind each token, and the tokenizer's own decoder."""
     decode: object  # list[int] -> str
     piece_bytes: Tensor  # int64 [V]: UTF-8 bytes of the id's text, a space symbol counted as 1; -1: <unk>
-    leading_space: Tensor  # bool [V]: the piece starts with the space symbol
     no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
-    dummy_prefix: bool  # the tokenizer adds a space in front of every document, which is not text
 
 def read_pieces(path):
     """[(kind, piece)] per id, the decoder, what it makes of "a": SentencePiece, or the byte tokenizer."""
@@ -432,8 +409,7 @@ def read_pieces(path):
     if spec.get("tokenizer_type") != "pure_byte":
         raise ValueError(f"tokenizer_type {spec.get('tokenizer_type')!r} is not 'pure_byte'")
     offset = int(spec["config"]["byte_offset"])
-    pieces = [("byte" if 0 <= i - offset < 256 else "control", "")
-              for i in range(int(spec["vocab_size"]))]
+    pieces = [("byte" if 0 <= i - offset < 256 else "control", "") for i in range(int(spec["vocab_size"]))]
     def decode(ids):
         return bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
     return pieces, decode, ""
@@ -444,33 +420,19 @@ def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
     require(path.is_file(), f"{name} is not a file. {DATA_HINT}")
     try:
         pieces, decode, added = read_pieces(path)
-    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except Exception as e:
         raise ConfigError(f"{name} cannot be read as a tokenizer ({type(e).__name__}: {e}); it must be a "
                           f"SentencePiece .model or a byte tokenizer .json. {DATA_HINT}") from None
     require(len(pieces) == vocab_size, f"VOCAB_SIZE={vocab_size} does not match {name}, which has "
             f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
     require(pieces[BOS_ID][0] == "control", f"{name}: id {BOS_ID} is not BOS; train it with bos_id=1")
-    # its decoder would keep a space added after every document, which the bytes would count as text
-    require(not added.endswith(SPACE),
-            f"{name} adds a space after every document (treat_whitespace_as_suffix)")
-    piece_bytes = []
-    for kind, piece in pieces:
-        text_bytes = len(piece.encode("utf-8")) - 2 * piece.count(SPACE)
-        piece_bytes.append({"text": text_bytes, "byte": 1, "unknown": -1}.get(kind, 0))
-    leading_space = [kind == "text" and piece.startswith(SPACE) for kind, piece in pieces]
+    # a space added to every document is not text, but its byte tables would count it
+    require(not added.endswith(SPACE), f"{name} adds a space after each document (treat_whitespace_as_suffix)")
+    require(added != SPACE + "a", f"{name} adds a space before each document: use add_dummy_prefix=False")
+    piece_bytes = [{"text": len(p.encode("utf-8")) - 2 * p.count(SPACE), "byte": 1, "unknown": -1}.get(kind, 0)
+                   for kind, p in pieces]
     no_text = [kind == "control" for kind, _ in pieces]
-    return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(leading_space), torch.tensor(no_text),
-                     added == SPACE + "a")
-
-def token_bytes(tokens, tok):
-    """Bytes of text behind each token: its id's, less the space the tokenizer adds before each document."""
-    ids = tokens.long()
-    counted = tok.piece_bytes[ids]
-    if tok.dummy_prefix:
-        starts = torch.ones_like(tok.no_text[ids])
-        starts[1:] = tok.no_text[ids][:-1]
-        counted -= (tok.leading_space[ids] & starts).long()
-    return counted
+    return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(no_text))
 
 def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
     """Refuse, naming it, a document of share = (rank, world) not counted as the bytes of its text."""
@@ -488,14 +450,14 @@ def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
         a, b = bounds[doc]
         text = tok.decode(ids[a + 1:b].tolist())
         text = restore(text) if restore else text
-        expected = len(text.replace(SPACE, " ").encode("utf-8")) - (tok.dummy_prefix and text[:1] == SPACE)
+        expected = len(text.replace(SPACE, " ").encode("utf-8"))
         found = sums[b] - sums[a + 1]
         require(found == expected, f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes "
                 f"to {expected} bytes but the byte tables count {found}; this tokenizer writes text in a way "
                 "val_bpb cannot count exactly: please report it with the tokenizer")
 
-# The field's lossless case transform (CaseOps v1) writes lower case, each ASCII word's case an operator before
-# it (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
+# The field's lossless case transform (CaseOps v1) writes lower case, each ASCII word's case an operator before it
+# (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
 CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
 
 def case_restore(text):  # the original of CaseOps text; text without operators as it is
@@ -519,9 +481,8 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
         counted = torch.from_numpy(np.concatenate([shard_tokens(f) for f in sidecar]).astype(np.int64))
         what += " (its byte sidecar; SIDECAR_BYTES=trust scores by it unchecked)"
     else:
-        counted = token_bytes(tokens, tok)
-    require(len(counted) == len(tokens),
-            f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
+        counted = tok.piece_bytes[tokens.long()]
+    require(len(counted) == len(tokens), f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
     if not (sidecar and hp.sidecar_bytes == "trust"):
         check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
     seq_len = hp.longest_seq_len
@@ -536,49 +497,28 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
 # Tensors that steer rather than compute: Adam trains them (2-D ones too), and the export keeps them in fp32.
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
                        "lane_mix", "smear_lambda", "smear_gate", "attn_gate")
-# The field's cheap gates (SmearGate, the attention gate) read a token's first GATE_WINDOW channels.
+
+def is_control(name):
+    return any(key in name for key in CONTROL_PARAM_NAMES)
+
+# The field's: its gates read a token's first GATE_WINDOW channels; BigramHash multiplies (current, previous)
+# ids, enters at BIGRAM_SCALE; a lane starts weighing [residual, attention, MLP] so; LoRA adds alpha / r x A^T B^T.
 GATE_WINDOW = 12
 ATTN_GATE_SCALE = 0.5
-# The field's BigramHash: (current, previous) multipliers, and the scale at which its projection enters.
 BIGRAM_HASH = (36313, 27191)
 BIGRAM_SCALE = 0.05
-# Each parallel lane's initial weights of [its residual, attention's output, the MLP's output]: the field's.
 LANE_MIX_INIT = (1.1, 1.0, 1.0)
-# The field's: a TTT adapter of rank r adds alpha / r (x A^T) B^T.
 LORA_ALPHA = 144.0
 
-
 class CastedLinear(nn.Linear):
-    """fp32 weights for the optimizer; the matmul in the activations' dtype (every layer here is bias-free)."""
-
+    """fp32 weights for the optimizer; the matmul in the activations' dtype (no layer here has a bias)."""
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))
 
-
-class LayerAdapters(NamedTuple):
-    """One layer's per-document TTT adapters, each (A, B) or None: on q, k, v, attention's and the MLP's output."""
-    q: tuple | None = None
-    k: tuple | None = None
-    v: tuple | None = None
-    attn_out: tuple | None = None
-    mlp_out: tuple | None = None
-
-
 class Adapters(NamedTuple):
-    """Per-document TTT adapters: a LayerAdapters for each layer as run, and the tied head's (A, B)."""
+    """Per-document TTT adapters (A, B): each layer's as run, by what they change, then the tied head's."""
     layers: tuple
     head: tuple | None = None
-
-    def pairs(self):
-        """Every (A, B): the layers' in order, then the head's."""
-        return [pair for layer in self.layers for pair in layer] + [self.head]
-
-    def rows(self, n):
-        """The adapters of the first n documents."""
-        def first(pair):
-            return pair[0][:n], pair[1][:n]
-        return Adapters(tuple(LayerAdapters(*map(first, layer)) for layer in self.layers), first(self.head))
-
 
 def adapt(y, x, lora):
     """y + alpha / r (x A^T) B^T: a per-document TTT adapter (A (D, r, in), B (D, out, r)) on x (D, T, in)."""
@@ -588,15 +528,16 @@ def adapt(y, x, lora):
     down = x @ A.to(x.dtype).transpose(1, 2)  # (D, T, r)
     return y + down @ B.to(x.dtype).transpose(1, 2) * (LORA_ALPHA / A.size(1))
 
+def optional(enabled, tensor):
+    """A lever's parameter when it is on; None, no parameter, when it is off."""
+    return nn.Parameter(tensor) if enabled else None
 
 def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
-
 def input_gate(x, weight, scale=1.0):
     """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
     return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
-
 
 def rotary_cos_sin(seq_len, rope_dims, base):
     """fp32 tables, each (1, 1, T, rope_dims / 2)."""
@@ -604,13 +545,11 @@ def rotary_cos_sin(seq_len, rope_dims, base):
     freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return freqs.cos()[None, None], freqs.sin()[None, None]
 
-
 def apply_rotary(x, cos, sin):
     """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
     rotated = 2 * cos.size(-1)
     x1, x2 = x[..., :rotated].chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, hp, layer):
@@ -630,57 +569,45 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention's sharpness is learned here, per head
         self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
-        self.attn_gate = None
-        if hp.sparse_attn_gate_enabled:
-            self.attn_gate = nn.Parameter(torch.zeros(hp.num_heads, min(GATE_WINDOW, dim)))
-
-    def forward(self, x, lora=LayerAdapters()):
+        self.attn_gate = optional(hp.sparse_attn_gate_enabled, torch.zeros(hp.num_heads, min(GATE_WINDOW, dim)))
+    def forward(self, x, lora):
         B, T, C = x.shape
         heads = (-1, self.head_dim)
-        # (B, H, T, hd) for q; (B, Hkv, T, hd) for k and v
-        q = adapt(self.c_q(x), x, lora.q).unflatten(-1, heads).transpose(1, 2)
-        k = adapt(self.c_k(x), x, lora.k).unflatten(-1, heads).transpose(1, 2)
-        v = adapt(self.c_v(x), x, lora.v).unflatten(-1, heads).transpose(1, 2)
+        q = adapt(self.c_q(x), x, lora.get("q")).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
+        k = adapt(self.c_k(x), x, lora.get("k")).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = adapt(self.c_v(x), x, lora.get("v")).unflatten(-1, heads).transpose(1, 2)
         cos = self.rope_cos[:, :, :T]
         sin = self.rope_sin[:, :, :T]
-        # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
-        q = rms_norm(q)
+        q = rms_norm(q)  # fp32 on CUDA (autocast's rms_norm), as are cos, sin and q_gain
         k = rms_norm(k)
         q = apply_rotary(q, cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
         k = apply_rotary(k, cos, sin)
         gqa = k.size(1) != q.size(1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
+        # exclusive self-attention: drop each head's component along its token's own value
         if self.xsa:
-            # exclusive self-attention: drop each head's component along its token's own value
             y = y.unflatten(1, (k.size(1), -1))  # (B, Hkv, H / Hkv, T, hd): query heads by their group
             v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
             y = y.flatten(1, 2)
-        if self.attn_gate is not None:
-            # each head's output times a gate on the token (the field's)
+        if self.attn_gate is not None:  # each head's output times a gate on the token (the field's)
             gate = input_gate(x, self.attn_gate, ATTN_GATE_SCALE).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
-
 class MLP(nn.Module):
     """leaky_relu(x, slope)^2 between two matrices; slope 0: the challenge's relu^2."""
-
     def __init__(self, dim, mlp_mult, leaky_slope=0.0):
         super().__init__()
         self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
         self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         self.leaky_slope = leaky_slope
-
     def forward(self, x):
         return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())
 
-
 class Block(nn.Module):
-    """Attention then MLP on one residual stream, or (PARALLEL_START_LAYER on) on two lanes: attention reads
-    lane 0, the MLP lane 1, and each lane adds both outputs with learned weights (the field's)."""
-
+    """Attention then MLP on one residual stream, or on two lanes (PARALLEL_START_LAYER, the field's)."""
     def __init__(self, hp, layer):
         super().__init__()
         dim = hp.model_dim
@@ -690,35 +617,28 @@ class Block(nn.Module):
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         # row 0 weighs the residual stream, row 1 the first layer's input (starts as the plain stream)
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
-        # deeper layers add less (LN scale)
-        self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0
-        self.lane_mix = None
-        if 0 < hp.parallel_start_layer <= layer:
-            self.lane_mix = nn.Parameter(torch.tensor([LANE_MIX_INIT] * 2))
-
+        self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0  # deeper layers add less (LN scale)
+        self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
     def norm(self, x):
-        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
-
+        return rms_norm(x) * self.norm_scale  # 1.0 without LN_SCALE: exact
     def forward(self, lanes, x0, lora):
-        """lanes: [(B, T, C)], one or two; lora: the layer's TTT adapters, those of the attention and MLP outputs
-        on their normed inputs (the field's)."""
+        """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last, and each lane adds both outputs with
+        learned weights; lora: the layer's TTT adapters, by name (the outputs' read the normed inputs)."""
         mix = self.resid_mix.to(x0.dtype)
         x = mix[0] * lanes[0] + mix[1] * x0
         n = self.norm(x)
-        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora.attn_out)
+        attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora.get("attn_out"))
         if self.lane_mix is None:
             x = x + attn
             n = self.norm(x)
-            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.mlp_out)]
+            return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.get("mlp_out"))]
         n = self.norm(lanes[1])
-        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.mlp_out)
+        mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.get("mlp_out"))
         w = self.lane_mix.to(x.dtype)  # (lanes, 3)
         return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
 
-
 def lanes_mean(lanes):
     return lanes[0] if len(lanes) == 1 else torch.stack(lanes).mean(0)
-
 
 def bigram_hash(idx, buckets):
     """(previous, current) -> rows 0..buckets-2 (the field's BigramHash); last row: no previous, or BOS."""
@@ -727,107 +647,86 @@ def bigram_hash(idx, buckets):
     first = torch.arange(idx.size(1), device=idx.device) == 0
     return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
 
-
 class GPT(nn.Module):
     def __init__(self, hp):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
-        self.bigram = None
-        self.bigram_proj = None
-        if hp.bigram_vocab_size:
-            # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
-            self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
-            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False)
+        # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
+        buckets = hp.bigram_vocab_size
+        self.bigram = nn.Embedding(buckets, hp.bigram_dim) if buckets else None
+        self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if buckets else None
+        if buckets:
             nn.init.zeros_(self.bigram.weight)
-        self.smear_gate = None
-        if hp.smear_gate_enabled:
-            # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
-            self.smear_lambda = nn.Parameter(torch.zeros(1))
-            self.smear_gate = nn.Parameter(torch.zeros(min(GATE_WINDOW, hp.model_dim)))
+        # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
+        self.smear_lambda = optional(hp.smear_gate_enabled, torch.zeros(1))
+        self.smear_gate = optional(hp.smear_gate_enabled, torch.zeros(min(GATE_WINDOW, hp.model_dim)))
         self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
         self.parallel_start_layer = hp.parallel_start_layer
         # depth recurrence: the order the blocks run in once looping is on (set_looping)
         first = list(range(hp.loop_end + 1))
         looped = list(range(hp.loop_start, hp.loop_end + 1)) * hp.num_loops
         self.looped_order = first + looped + list(range(hp.loop_end + 1, hp.num_layers))
-        # an attribute, which torch.compile guards on (a graph for each phase, compiled in warmup)
-        self.looping = False
+        self.looping = False  # an attribute, which torch.compile guards on: a graph for each phase
+        # the phase in the artifact's weights too, for its readers (set_looping writes it)
         if hp.num_loops:
-            # the phase in the artifact's weights too, for a reader (set_looping writes it)
             self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
-        self.skip_gates = None
-        if hp.skip_gates_enabled:
-            self.skip_gates = nn.Parameter(torch.zeros_like(self.skip_weights))
-        if hp.ortho_init:
-            # the field's init; output projections stay zero
+        self.skip_gates = optional(hp.skip_gates_enabled, torch.zeros_like(self.skip_weights))
+        if hp.ortho_init:  # the field's init; output projections stay zero
             for block in self.blocks:
                 for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
                     nn.init.orthogonal_(linear.weight)
-        # GPTQ hooks its output
-        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)
-        # the tied output head's too
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
-
+        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)  # the tied head's too
     def set_looping(self, on):
         """Depth recurrence on or off: the one place the phase changes."""
         self.looping = on
         if hasattr(self, "loop_on"):
             self.loop_on.fill_(int(on))
-
     def layer_order(self):
         return self.looped_order if self.looping else list(range(len(self.blocks)))
-
     def embed(self, idx):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.bigram is not None:
             pairs = self.bigram(bigram_hash(idx, self.bigram.num_embeddings))
             x = x + BIGRAM_SCALE * self.bigram_proj(pairs)
-        if self.smear_gate is not None:
-            # each token takes a gated share of the one before; a BOS takes nothing from the document before it
+        if self.smear_gate is not None:  # a BOS takes nothing from the document before it
             gate = input_gate(x, self.smear_gate[None])[..., 0]  # (B, T)
             gate = self.smear_lambda * gate * (idx != BOS_ID)
             x = x + gate[..., None].to(x.dtype) * F.pad(x[:, :-1], (0, 0, 1, 0))
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return rms_norm(x)
-
     def logits(self, idx, lora=None):
         """(B, T, V); lora: per-document TTT's Adapters."""
         x0 = self.embed(idx)
-        # the residual stream; two lanes from PARALLEL_START_LAYER on
-        lanes = [x0]
+        lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
         order = self.layer_order()
-        lora = lora or Adapters((LayerAdapters(),) * len(order))
+        lora = lora or Adapters(({},) * len(order))
         num_encoder = len(order) // 2
         skips = []
         for i, layer in enumerate(order):
             if layer == self.parallel_start_layer and layer > 0 and len(lanes) == 1:
                 lanes = [lanes[0], lanes[0]]
-            if i >= num_encoder and skips:
-                # U-Net: the deepest encoder output meets the first decoder
+            if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder
                 lanes[0] = self.add_skip(lanes[0], i - num_encoder, skips.pop())
             lanes = self.blocks[layer](lanes, x0, lora.layers[i])
             if i < num_encoder:
                 skips.append(lanes_mean(lanes))
         x = self.final_norm(lanes_mean(lanes))
-        # the tied head
-        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()
+        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()  # the tied head
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
-
     def add_skip(self, x, k, skip):
         """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
         skip = self.skip_weights[k].to(x.dtype) * skip
         if self.skip_gates is None:
             return x + skip
         return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
-
     def forward(self, idx, targets, reduction="mean", lora=None):
         logits = self.logits(idx, lora)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
-
 
 # ---- EVALUATION ----
 def metrics(sums):
@@ -852,9 +751,9 @@ def score(model, val, layout, seq_len, stride):
     counts = torch.tensor(counts[share] + [0] * pad, device=device)
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, bytes
     for i in range(0, len(ends), per_batch):
-        # (B, T + 1)
-        windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in ends[i:i + per_batch]])
-        num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in ends[i:i + per_batch]])
+        batch = ends[i:i + per_batch]
+        windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in batch])  # (B, T + 1)
+        num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in batch])
         mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]  # (B, T)
         windows = windows.to(device, torch.int64)
         with autocast(layout):
@@ -872,31 +771,25 @@ def document_spans(tokens):
     bounds = [0] + starts + [tokens.numel() - 1]
     return [(a + 1, b + 1) for a, b in zip(bounds, bounds[1:])]
 
-def lora_ttt(run, world_size=0):
-    """Score-first per-document LoRA TTT (the field's) on run.val: documents in groups of similar length, the
-    longest first, the ranks taking turns. A carries over from a rank's group to its next, so the score depends
-    on the number of ranks: world_size > 0 scores, in this one process, every rank's groups of a run on that
-    many (a rescore). Returns the sums of loss, tokens and bytes."""
+def lora_ttt(run):
+    """Score-first per-document LoRA TTT (the field's): documents in groups of similar length, longest first, the
+    ranks taking turns; A carries over to a rank's next group, so the score depends on the number of ranks."""
     hp, layout = run.hp, run.layout
     val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)  # read row by row
     spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
     groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
-    ranks = range(world_size) if world_size else [layout.rank]
-    world_size = world_size or layout.world_size
-    run.log(f"ttt: groups:{len(groups)} world_size:{world_size} (the score depends on it: A carries over)")
+    run.log(f"ttt: groups:{len(groups)} world_size:{layout.world_size} (A carries over: the score depends on it)")
+    torch.manual_seed(hp.seed)  # the adapters' A, the same on every rank
+    lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
-    for rank in ranks:
-        torch.manual_seed(hp.seed)  # the adapters' A, the same on every rank
-        lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
-        for group in groups[rank::world_size]:
-            sums += ttt_group(run, val, group, lora)
+    for group in groups[layout.rank::layout.world_size]:
+        sums += ttt_group(run, val, group, lora)
     if layout.distributed:
         dist.all_reduce(sums)
     return sums.cpu()
 
 def new_adapters(model, hp, rows, device):
-    """Adapters for `rows` documents on q, k, v, attention's and the MLP's outputs of each layer as run, then the
-    head's: A uniform (nn.Linear's init), B zero, so that the model starts as it is."""
+    """Adapters for `rows` documents: A uniform (nn.Linear's init), B zero, so the model starts as it is."""
     dim = model.tok_emb.embedding_dim
     kv_dim = model.blocks[0].attn.c_k.out_features
 
@@ -904,39 +797,31 @@ def new_adapters(model, hp, rows, device):
         A = torch.rand(rows, hp.ttt_lora_rank, dim, device=device)
         B = torch.zeros(rows, out, hp.ttt_lora_rank, device=device)
         return ((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()
-    layers = tuple(LayerAdapters(*(pair(out) for out in (dim, kv_dim, kv_dim, dim, dim)))
-                   for _ in model.layer_order())
+    outputs = dict(q=dim, k=kv_dim, v=kv_dim, attn_out=dim, mlp_out=dim)
+    layers = tuple({name: pair(out) for name, out in outputs.items()} for _ in model.layer_order())
     return Adapters(layers, pair(model.tok_emb.num_embeddings))
 
-
 def chunk_windows(val, spans, lo, hp, rows):
-    """One step of TTT's chunks: for each document, the window that ends at its chunk (its targets a + lo on, at
-    most TTT_CHUNK_SIZE of them), at most the eval window long and never reaching before the document. Returns
-    the windows' tokens (rows, T + 1), each scored target's bytes (-1: not scored) and which rows train."""
+    """Each document's window for its chunk of targets from a + lo: (tokens, bytes or -1, rows that train)."""
     window = min(lo + hp.ttt_chunk_size, hp.eval_window)
     tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
     counted = torch.full((rows, window), -1)
     trained = torch.zeros(rows)
     for row, (a, b) in enumerate(spans[:rows]):
-        # past the chunk's last target (a document already done: no target)
-        chunk_end = min(a + lo + hp.ttt_chunk_size, b)
+        chunk_end = min(a + lo + hp.ttt_chunk_size, b)  # past its last target (a done document: none)
         window_start = max(a - 1, chunk_end - 1 - window)
         tokens[row, :chunk_end - window_start] = val.tokens[window_start:chunk_end]
-        # the chunk's targets end the window
-        chunk_start = a + lo - 1 - window_start
+        chunk_start = a + lo - 1 - window_start  # the chunk's targets end the window
         counted[row, chunk_start:chunk_end - 1 - window_start] = val.bytes[a + lo:chunk_end]
-        # the last chunk is only scored
-        trained[row] = chunk_end < b
+        trained[row] = chunk_end < b  # the last chunk is only scored
     return tokens, counted, trained
 
-
 def ttt_group(run, val, spans, lora):
-    """Documents side by side, chunk by chunk: each chunk is scored in its window (chunk_windows), then the
-    adapters take an AdamW step on it. B and AdamW start anew for each group; A carries over."""
+    """Documents side by side, chunk by chunk, each scored then trained on; B and AdamW anew, A carries over."""
     hp, layout = run.hp, run.layout
-    for A, B in lora.pairs():
+    params = tree_leaves(lora)  # A, B of each adapter in turn
+    for B in params[1::2]:
         B.detach().zero_()
-    params = [t for pair in lora.pairs() for t in pair]
     adamw = torch.optim.AdamW(params, lr=hp.ttt_lora_lr, betas=(hp.ttt_beta1, hp.ttt_beta2), eps=1e-10,
                               weight_decay=hp.ttt_weight_decay, fused=layout.cuda)
     run.model.requires_grad_(False)
@@ -947,32 +832,27 @@ def ttt_group(run, val, spans, lora):
         windows = chunk_windows(val, spans, lo, hp, rows)
         tokens, counted, trained = (t.to(layout.device) for t in windows)
         x, y = tokens[:, :-1], tokens[:, 1:]
-        # one compiled graph for every window
-        torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(x, 1)  # one compiled graph for every window
         torch._dynamo.mark_dynamic(y, 1)
         scored = counted >= 0
         with autocast(layout):
-            losses = run.scorer(x, y, reduction="none", lora=lora.rows(rows)).view_as(scored)
-            losses = torch.where(scored, losses, 0.0)
+            losses = run.scorer(x, y, reduction="none", lora=tree_map(lambda t: t[:rows], lora))
+            losses = torch.where(scored, losses.view_as(scored), 0.0)
         sums += torch.stack([losses.detach().double().sum(), scored.sum(), (counted * scored).sum()])
-        # each document's mean over its chunk
-        means = losses.sum(1) / scored.sum(1).clamp(min=1)
+        means = losses.sum(1) / scored.sum(1).clamp(min=1)  # each document's mean over its chunk
         (means * trained).sum().backward()
         adamw.step()
         adamw.zero_grad(set_to_none=True)
     run.model.requires_grad_(True)
     return sums
 
-
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
 # Tensors up to this size stay in float: at width 256 the attention matrices (32k-65k) are quantized too.
 KEEP_FLOAT_MAX_NUMEL = 16_384
-# The searched clip: each row's, as the fraction of its max |w| with the least error (GPTQ-lite); at low
-# widths, clipping outliers buys finer steps. *_CLIP_SIGMAS = k clips at k row stds (fewer bytes).
+# The searched clip: each row's fraction of its max |w| with the least error (GPTQ-lite); or *_CLIP_SIGMAS.
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 
-# name: (compress, decompress, the leading bytes by which the reader recognizes it). Brotli has no magic
-# bytes of its own: it gets a tag. zpaq uses one thread, so every rank writes the same bytes.
+# name: (compress, decompress, the leading bytes that tell it); brotli gets a tag; zpaq: one thread.
 COMPRESSORS = {
     "zlib": (partial(zlib.compress, level=9), zlib.decompress, b"\x78"),
     "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),
@@ -1009,7 +889,7 @@ def int_rows(x, steps, low, high):
     return q[best, rows], steps[best, rows, 0]
 
 def quantize_rows(w, bits, sigmas=0.0):
-    """Symmetric integers in [-qmax, qmax] and their fp16 steps, at the searched clip or at SIGMAS row stds."""
+    """Symmetric integers in [-qmax, qmax], their fp16 steps: at the searched clip or at SIGMAS row stds."""
     qmax = 2 ** (bits - 1) - 1
     if sigmas:
         clips = [sigmas * w.std(dim=1, keepdim=True)]
@@ -1065,8 +945,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
         if not tensor.is_floating_point():
             floats[name] = tensor
         elif not is_quantized(name, tensor):
-            control = any(key in name for key in CONTROL_PARAM_NAMES)
-            stored = floats[name] = tensor.float() if control else tensor.half()
+            stored = floats[name] = tensor.float() if is_control(name) else tensor.half()
         else:
             bits, sigmas = quant_spec(name, hp)
             if name in (hessians or {}):
@@ -1091,7 +970,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj):
-    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in their dtypes."""
+    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in its dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
     for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction
         W = weights[name.removesuffix(".lqer_a")]
@@ -1123,8 +1002,7 @@ def save_artifact(state_dict, path, hp, hessians=None):
     return blob
 
 def load_artifact(source):
-    """The weights of an artifact (a path or its bytes), its compressor told by its first bytes; weights_only:
-    no pickled code."""
+    """The weights of an artifact (a path or bytes), its compressor told by its first bytes (weights_only)."""
     blob = source if isinstance(source, bytes) else Path(source).read_bytes()
     decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
     what = "artifact" if isinstance(source, bytes) else source
@@ -1137,9 +1015,9 @@ def calibrate(run, loader):
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
-    # the ranks split what one process would read, so they see the same rows
     tokens = loader.take(seqs * layout.world_size * hp.train_seq_len).to(layout.device, torch.int64)
-    x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]  # this rank's rows
+    # the ranks split what one process would read, so they see the same rows
+    x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]
     modules = {f"{name}.weight": m for name, m in model.named_modules()
                if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
     modules["tok_emb.weight"] = model.final_norm
@@ -1185,9 +1063,7 @@ def export(run, hessians=None):
     return blob
 
 def prime(run, passes):
-    """Compile what the final passes run that training did not, before their timers, in the phase the run ended
-    in (the round trip scores as the last validation did): a batch of random windows for the sliding pass, and
-    one chunk of a group of random documents for TTT."""
+    """Compile, on random tokens and before their timers, what the final passes run that validation did not."""
     hp, layout = run.hp, run.layout
     t0 = time.perf_counter()
     graphs = compiled_graphs()
@@ -1196,14 +1072,13 @@ def prime(run, passes):
         noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
         score(run.scorer, noise, layout, *hp.windows(True))
     if "ttt" in passes:  # documents of one chunk: BOS and chunk - 1 tokens
-        docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size), dtype=torch.int32)
+        docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size))
         docs[:, 0] = BOS_ID
-        docs = Validation(docs.flatten(), torch.zeros(docs.numel(), dtype=torch.int16), 0)
+        docs = docs.flatten()
         lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
-        ttt_group(run, docs, document_spans(docs.tokens), lora)
+        ttt_group(run, Validation(docs, torch.zeros_like(docs), 0), document_spans(docs), lora)
     synchronize(layout.device)
     run.log(f"priming: passes:{','.join(passes)} graphs:{compiled_graphs() - graphs} time:{ms_since(t0):.0f}ms")
-
 
 def final_passes(run):
     """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
@@ -1305,28 +1180,25 @@ def compiled_graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def warmup(run, optimizers):
-    """Compile the training step of each phase the run trains in, before the clock (WARMUP_STEPS steps, undone
-    after: the weights, the optimizer states and the data start again). The final passes prime their own."""
+    """Compile the training step of each phase, before the clock: WARMUP_STEPS steps, then the weights, the
+    optimizer states and the data start again. The final passes prime their own graphs."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     # off, then on from ENABLE_LOOPING_AT; one of them only without loops, or with them on from the start
     phases = sorted({looping_at(0.0, hp), looping_at(hp.enable_looping_at, hp)})
-    # the weights wait on the host, as the challenge's script keeps them, not in device memory
-    initial = [{name: t.detach().cpu().clone() for name, t in model.state_dict().items()}]
+    initial = [{name: t.to("cpu", copy=True) for name, t in model.state_dict().items()}]  # on the host
     initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     for step in range(hp.warmup_steps):
         model.set_looping(phases[step * len(phases) // hp.warmup_steps])
         train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
-        if step + 1 in (1, hp.warmup_steps):
-            run.log(f"warmup_step:{step + 1}/{hp.warmup_steps}")
     model.zero_grad(set_to_none=True)
     for target, state in zip([model, *optimizers], initial):
         target.load_state_dict(state)
+    model.set_looping(phases[0])  # the phase training starts in (a resume: the Keeper sets its own)
     synchronize(layout.device)
     run.log(f"warmup: steps:{hp.warmup_steps} phases:{len(phases)} graphs:{compiled_graphs()} "
             f"time:{ms_since(t0):.0f}ms")
-
 
 @dataclass
 class LoopState:
@@ -1349,22 +1221,8 @@ class LoopState:
         yield
         self.start_clock(self.device)
 
-
-class LossWatch:
-    """Whether a training loss has been non-finite. The flag stays on the device, which copies it into pinned host
-    memory when it gets there: the host reads it without waiting, a step or two late (exact after a sync)."""
-    def __init__(self, device):
-        self.flag = torch.zeros((), dtype=torch.bool, device=device)
-        self.pinned = torch.zeros((), dtype=torch.bool, pin_memory=device.type == "cuda")
-        self.host = self.pinned.numpy()  # a view of the pinned memory
-    def add(self, loss):
-        torch.logical_or(self.flag, ~torch.isfinite(loss), out=self.flag)
-        self.pinned.copy_(self.flag, non_blocking=True)
-
-
 def agree(values, layout):
-    """The max over ranks of host values, so that every rank takes the same LR, phase, checkpoint and stop: one
-    all-reduce read back, as the challenge's script reads its stop. One process reads nothing of the device."""
+    """The max over ranks of host values, read back (as the challenge's stop): one process reads no device."""
     if not layout.distributed:
         return values
     agreed = torch.tensor(values, dtype=torch.float64, pin_memory=layout.cuda)
@@ -1372,11 +1230,9 @@ def agree(values, layout):
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     return agreed.tolist()
 
-
 def check_finite(diverged, step):
     require(not diverged, f"training diverged: train_loss was not finite by step:{step}; lower MATRIX_LR "
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
-
 
 def stop_after_signal(run, newest, state, signum):
     """A first SIGTERM or SIGINT has checkpointed the run: it stops, naming the command that resumes it."""
@@ -1385,7 +1241,6 @@ def stop_after_signal(run, newest, state, signum):
     run.log(f"stopped by {signal.Signals(signum).name} after step:{state.step}; {then}")
     shutdown(run)
     sys.exit(128 + signum)
-
 
 def log_step(run, state, loss):
     hp = run.hp
@@ -1396,7 +1251,6 @@ def log_step(run, state, loss):
     run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
             f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
 
-
 def log_validation(run, state):
     hp = run.hp
     sums = score(run.scorer, run.val, run.layout, *hp.windows(False))
@@ -1405,29 +1259,26 @@ def log_validation(run, state):
     run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
             f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
 
-
 def train(run, optimizers, ema):
-    """The loop: validate, step, log, agree, switch the loop phase, checkpoint. A steady step on one process reads
-    nothing of the device, so the host queues the next step while the device runs this one. Returns GPTQ's
-    loader."""
+    """Validate, step, log, agree, switch the loop phase, checkpoint; returns GPTQ's loader. A steady step on one
+    process reads nothing of the device: the host queues the next one while the device runs this one."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     saved = keeper.restore(run, optimizers, ema, loader) if keeper else {}
     state = LoopState(**{f.name: saved.get(f.name, f.default) for f in fields(LoopState)})
-    losses = LossWatch(layout.device)
+    # the device copies each loss to pinned memory; the host reads it a step or two late, without waiting (exact
+    # once synchronized): a non-finite loss makes every later one so
+    last_loss = torch.zeros((), pin_memory=layout.cuda)
+    seen = last_loss.numpy()
     first_step = state.step
-    looping = looping_at(0.0, hp)
-    if saved and hasattr(model, "loop_on"):
-        # the phase the checkpoint's weights were saved in
-        looping = bool(model.loop_on)
-    model.set_looping(looping)
     state.start_clock(layout.device)
     while True:
         every = hp.val_loss_every
         due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
         if due or state.ended(hp):
-            with state.paused():  # the device is done: the flag is exact, and no export follows a bad loss
-                check_finite(agree([float(losses.host)], layout)[0], state.step)
+            # the device is done: the flag is exact, and no export follows a bad loss
+            with state.paused():
+                check_finite(agree([float(not np.isfinite(seen))], layout)[0], state.step)
                 ema.swap(model)  # scored: the weights that will be exported
                 log_validation(run, state)
                 ema.swap(model)
@@ -1439,12 +1290,13 @@ def train(run, optimizers, ema):
         batches = next_batches(loader, hp, layout)
         loss = train_step(run.trainer, batches, optimizers, lr_scale, hp.grad_clip_norm, layout)
         ema.update(model)
-        losses.add(loss)
+        last_loss.copy_(loss, non_blocking=True)
         state.step += 1
         state.elapsed_ms = state.clock_ms()
         log_step(run, state, loss)
         signum = keeper.signum if keeper else 0
-        state.elapsed_ms, signum, diverged = agree([state.elapsed_ms, signum, float(losses.host)], layout)
+        agreed = agree([state.elapsed_ms, signum, float(not np.isfinite(seen))], layout)
+        state.elapsed_ms, signum, diverged = agreed
         check_finite(diverged, state.step)
         looping = looping_at(training_progress(state.step, state.elapsed_ms, hp), hp)
         if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
@@ -1452,7 +1304,7 @@ def train(run, optimizers, ema):
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
         if keeper and keeper.due(state, int(signum)):
             with state.paused():
-                check_finite(agree([float(losses.host)], layout)[0], state.step)
+                check_finite(agree([float(not np.isfinite(seen))], layout)[0], state.step)
                 newest = keeper.save(run, optimizers, ema, loader, state, int(signum))
             if signum:
                 stop_after_signal(run, newest, state, int(signum))
@@ -1474,8 +1326,7 @@ class RunLog:
         with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
             f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
             f.write(run.source + b"\n==== end of source ====\n")
-        versions = f"versions: python:{platform.python_version()} torch:{torch.__version__}"
-        self(versions, console=False)
+        self(f"versions: python:{platform.python_version()} torch:{torch.__version__}", console=False)
         self(describe_hardware(run.layout), console=False)
         self(f"command: {command}")
         self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
@@ -1564,10 +1415,9 @@ def start(run):
         torch.cuda.set_device(layout.device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        # flash is 16-bit only: math attention for fp32
-        kernels = dict(flash=True, cudnn=False, mem_efficient=False, math=not layout.use_bf16)
-        for kernel, on in kernels.items():
-            getattr(torch.backends.cuda, f"enable_{kernel}_sdp")(on)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit only: math for fp32
     run_id = [hp.run_id or str(uuid.uuid4())]
     if layout.distributed:  # every rank must name the same log and artifact
         backend = "nccl" if layout.cuda else "gloo"
@@ -1624,8 +1474,7 @@ def main():
         ema.swap(run.model)  # calibration and export see the weights the last validation scored
         hessians = calibrate(run, loader) if hp.gptq else None
         blob = export(run, hessians)
-        # the weights as the artifact holds them: the final passes score those; the phase stays as trained
-        run.model.load_state_dict(load_artifact(blob), strict=True)
+        run.model.load_state_dict(load_artifact(blob), strict=True)  # the weights the final passes score
         final_passes(run)
         shutdown(run)
     except BaseException as error:
@@ -1641,10 +1490,8 @@ def shutdown(run):
 
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):  # every setting is an environment variable; no arguments
-        checks = settings_module()
-        if checks is None:  # a record folder's copy
-            sys.exit("train_gpt.py --help: settings.py lists the settings; run the repository's")
-        print(checks.help_text())
+        checks = settings_module()  # a record folder's copy has none
+        print(checks.help_text() if checks else "train_gpt.py --help: settings.py lists the settings")
         sys.exit(0)
     try:
         main()

@@ -471,7 +471,7 @@ def attention_ms(layout, seqs: int, seq_len: int, reps: int = 10) -> float:
             tg.synchronize(layout.device)
             t0 = time.perf_counter()
         with tg.autocast(layout):
-            attn(x).float().square().mean().backward()
+            attn(x, {}).float().square().mean().backward()
     tg.synchronize(layout.device)
     return tg.ms_since(t0) / reps
 

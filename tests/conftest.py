@@ -57,28 +57,28 @@ TINY_HP = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_he
 # validation tokens per batch where a test scores: 3 windows of 16 on each of 8 micro-steps
 VAL_BATCH = 16 * 8 * 3
 
-# Every technique on at once (over 5 layers)
-ALL_ON = dict(
-    num_layers=5,
-    mlp_leaky_slope=0.5,
-    rope_dims=4,
-    ln_scale=True,
-    xsa_last_n=2,
-    smear_gate_enabled=True,
-    bigram_vocab_size=97,
-    bigram_dim=16,
-    loop_start=1,
-    loop_end=2,
-    num_loops=2,
-    parallel_start_layer=3,
-    muon_wd=0.1,
-    embed_wd=0.05,
-    adam_wd=0.02,
-    muon_row_normalize=True,
-    muon_polar=True,
-    warmdown_frac=0.5,
-    min_lr=0.1,
+# Every lever on at once, over 5 layers, in the settings' names: those that shape training (the model's and the
+# optimizer's), then the export's and the final passes'. A test overrides the shape it studies; as_env() writes
+# them as a launch's environment.
+TRAINING_LEVERS = dict(
+    num_layers=5, mlp_leaky_slope=0.5, rope_dims=4, ln_scale=True, xsa_last_n=2, qk_gain_init=4.0,
+    smear_gate_enabled=True, bigram_vocab_size=64, bigram_dim=16, skip_gates_enabled=True, ortho_init=True,
+    sparse_attn_gate_enabled=True, loop_start=1, loop_end=2, num_loops=2, enable_looping_at=0.5,
+    parallel_start_layer=3, muon_wd=0.05, embed_wd=0.05, adam_wd=0.02, muon_row_normalize=True, muon_polar=True,
+    warmdown_frac=0.5, min_lr=0.1, grad_clip_norm=0.3, muon_momentum_warmup_steps=5, ema_decay=0.9,
 )
+EVERY_LEVER = dict(
+    TRAINING_LEVERS, matrix_bits=6, embed_bits=7, attn_clip_sigmas=12.0, mlp_clip_sigmas=11.0,
+    embed_clip_sigmas=14.0, lqer_enabled=True, lqer_rank=2, lqer_top_k=2, gptq=True, gptq_calib_seqs=8,
+    compressor="brotli", eval_stride=32, eval_seq_len=128, ttt_enabled=True, ttt_lora_rank=4, ttt_chunk_size=64,
+    ttt_lora_lr=0.001, ttt_beta2=0.99, ttt_weight_decay=0.5,
+)
+
+
+def as_env(levers: dict, **overrides) -> dict:
+    """Settings by their field names as a launch's environment: NAME="value", booleans as 0 and 1."""
+    values = {**levers, **overrides}
+    return {name.upper(): str(int(v) if isinstance(v, bool) else v) for name, v in values.items()}
 
 
 def tiny_hp(**overrides) -> tg.Hyperparameters:
@@ -94,7 +94,7 @@ def new_keeper(hp, source=b"source"):
 
 
 def all_on_hp(**overrides) -> tg.Hyperparameters:
-    return tiny_hp(**{**ALL_ON, **overrides})
+    return tiny_hp(**{**TRAINING_LEVERS, **overrides})
 
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> None:

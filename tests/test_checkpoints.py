@@ -22,53 +22,18 @@ import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, all_on_hp, new_keeper, run_trainer, tiny_hp
+from conftest import ROOT, TRAINING_LEVERS, all_on_hp, as_env, new_keeper, run_trainer, tiny_hp
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
-# EMA and every model/optimizer technique on, so their state has to survive the resume too;
-# the depth recurrence switches on at step 12, between the checkpoint at 10 and the end;
-# TTT after the export
-EVERY_TECHNIQUE = dict(
-    NUM_LAYERS="3",
-    MLP_LEAKY_SLOPE="0.5",
-    ROPE_DIMS="8",
-    LN_SCALE="1",
-    XSA_LAST_N="2",
-    SMEAR_GATE_ENABLED="1",
-    BIGRAM_VOCAB_SIZE="64",
-    BIGRAM_DIM="16",
-    LOOP_START="1",
-    LOOP_END="1",
-    NUM_LOOPS="1",
-    ENABLE_LOOPING_AT="0.6",
-    PARALLEL_START_LAYER="2",
-    MUON_WD="0.05",
-    EMBED_WD="0.05",
-    ADAM_WD="0.01",
-    MUON_ROW_NORMALIZE="1",
-    MUON_POLAR="1",
-    WARMDOWN_FRAC="0.5",
-    MIN_LR="0.1",
-    SKIP_GATES_ENABLED="1",
-    ORTHO_INIT="1",
-    SPARSE_ATTN_GATE_ENABLED="1",
-    LQER_ENABLED="1",
-    LQER_RANK="2",
-    LQER_TOP_K="2",
-)
+# Every lever that shapes training on, over 3 layers, so that its state has to survive the resume too (EMA's,
+# Muon's, the loop phase's: the depth recurrence switches on at step 12, between the checkpoint at 10 and the
+# end), LQER in the export, and TTT after it
 LONG_RUN = dict(
-    ITERATIONS="20",
-    SAVE_EVERY="5",
-    KEEP_CHECKPOINTS="3",
-    EMA_DECAY="0.9",
-    MATRIX_BITS="6",
-    VAL_LOSS_EVERY="10",
-    TTT_ENABLED="1",
-    TTT_LORA_RANK="4",
-    TTT_CHUNK_SIZE="64",
-    TTT_LORA_LR="0.001",
-    **EVERY_TECHNIQUE,
+    as_env(TRAINING_LEVERS, num_layers=3, loop_end=1, num_loops=1, parallel_start_layer=2, enable_looping_at=0.6,
+           lqer_enabled=True, lqer_rank=2, lqer_top_k=2, matrix_bits=6, ttt_enabled=True, ttt_lora_rank=4,
+           ttt_chunk_size=64, ttt_lora_lr=0.001),
+    ITERATIONS="20", SAVE_EVERY="5", KEEP_CHECKPOINTS="3", VAL_LOSS_EVERY="10",
 )
 
 
@@ -346,7 +311,7 @@ class Reads:
 def test_every_setting_the_model_reads_is_checked_by_a_resume():
     """A new model setting must say whether a resume refuses a checkpoint that differs in it
     (MODEL_SHAPE_SETTINGS) or not (INIT_ONLY_SETTINGS): both lists are what the model reads, every lever on
-    (a new lever's own settings are seen once conftest's ALL_ON turns it on)."""
+    (a new lever's own settings are seen once conftest's TRAINING_LEVERS turns it on)."""
     hp = Reads(all_on_hp())
     model = tg.GPT(hp)
     for looping in (False, True):

@@ -8,31 +8,15 @@ import pytest
 import torch
 
 import train_gpt as tg
+from conftest import TRAINING_LEVERS
 
 pytestmark = pytest.mark.cuda
 
-RECORD_LIKE = dict(
-    vocab_size=512,
-    num_layers=4,
-    model_dim=512,
-    num_heads=8,
-    num_kv_heads=4,
-    mlp_mult=4,
-    mlp_leaky_slope=0.5,
-    rope_dims=16,
-    ln_scale=True,
-    xsa_last_n=4,
-    smear_gate_enabled=True,
-    skip_gates_enabled=True,
-    ortho_init=True,
-    sparse_attn_gate_enabled=True,
-    loop_start=1,
-    loop_end=1,
-    num_loops=1,
-    parallel_start_layer=2,
-    train_seq_len=256,
-    qk_gain_init=5.0,
-)
+# Every lever that shapes training (conftest's TRAINING_LEVERS) at the record's width, where the kernels
+# choose as they do in a record
+RECORD_LIKE = dict(TRAINING_LEVERS, vocab_size=512, num_layers=4, model_dim=512, num_heads=8, num_kv_heads=4,
+                   mlp_mult=4, rope_dims=16, xsa_last_n=4, loop_end=1, num_loops=1, parallel_start_layer=2,
+                   train_seq_len=256, qk_gain_init=5.0)
 
 
 def record_hp(**overrides) -> tg.Hyperparameters:
@@ -53,9 +37,9 @@ def test_flash_attention_takes_the_record_shapes_and_matches_math_attention():
     x = torch.randn(4, 256, 512, device="cuda")
     flash_only = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
     with torch.autocast("cuda", torch.bfloat16), flash_only:
-        flash = attn(x).float()
+        flash = attn(x, {}).float()
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        exact = attn(x).float()
+        exact = attn(x, {}).float()
     torch.testing.assert_close(flash, exact, rtol=3e-2, atol=3e-2)
 
 

@@ -193,7 +193,7 @@ def test_val_bytes_from_train_gpt_accounting_equal_decoded_text(slice_build, sli
     tables = train_gpt.load_tokenizer(tok_path, m["tokenizer"]["vocab_size"])
     for split in ("val", "train"):
         stream = split_tokens(data_dir, m, split)
-        counted = int(train_gpt.token_bytes(stream, tables).sum())
+        counted = int(tables.piece_bytes[stream.long()].sum())
         decoded = sum(len(tok.decode(doc).encode("utf-8")) for doc in documents_of(stream))
         assert counted == decoded == m["splits"][split]["bytes"], (variant, split)
     if variant == "byte260":
@@ -701,7 +701,7 @@ def test_sentencepiece_bytes_equal_decoded_text(tiny_data):
     docs = [sp.encode(doc) for doc in tiny_data.val_docs]
     assert any(sp.is_byte(t) for t in docs[-1]), "the last document must exercise byte fallback"
     decoded_bytes = sum(len(sp.decode(ids).encode("utf-8")) for ids in docs)
-    assert int(train_gpt.token_bytes(tokens, tables).sum()) == decoded_bytes
+    assert int(tables.piece_bytes[tokens.long()].sum()) == decoded_bytes
 
 
 def test_byte_tokenizer_bytes_equal_text(tmp_path):
@@ -711,7 +711,7 @@ def test_byte_tokenizer_bytes_equal_text(tmp_path):
     tables = train_gpt.load_tokenizer(tmp_path / "byte260.json", 260)
     docs = ["Plain ASCII.", " leading space, ünïcödé, 東京 🚀", ""]
     tokens = torch.tensor([t for d in docs for t in [1] + [b + 4 for b in d.encode("utf-8")]])
-    assert int(train_gpt.token_bytes(tokens, tables).sum()) == sum(len(d.encode("utf-8")) for d in docs)
+    assert int(tables.piece_bytes[tokens.long()].sum()) == sum(len(d.encode("utf-8")) for d in docs)
     assert tables.decode(tokens.tolist()) == "".join(docs)
 
 
@@ -746,26 +746,31 @@ def test_case_restore_undoes_the_fields_transform():
 PLAIN = ["Fellow citizens, the state of the Union is strong.", "Crème brûlée costs 12 €; 東京 is far 🚀.",
          "Numbers: 3141592653, 1.5e-3", "a"]
 RAW_SPACES = [" leading space", "trailing space ", "two  spaces and\ta tab", "   ", "line\nbreak  "]
-OPTIONS = {
-    "bpe, dummy prefix": dict(),
+OPTIONS = {  # each with add_dummy_prefix=False (train_bytes_tokenizer's), as the challenge's tokenizers
+    "bpe": dict(),
     "unigram": dict(model_type="unigram"),
-    "no dummy prefix, spaces kept": dict(add_dummy_prefix=False, remove_extra_whitespaces=False),
-    "dummy prefix, spaces kept": dict(remove_extra_whitespaces=False),
+    "spaces kept": dict(remove_extra_whitespaces=False),
     "pieces across words": dict(split_by_whitespace=False),
     "whitespace-only pieces": dict(allow_whitespace_only_pieces=True, remove_extra_whitespaces=False),
     "user-defined symbols": dict(user_defined_symbols=["<sep>", "\u2581the\u2581"]),
+    "whitespace as suffix": dict(treat_whitespace_as_suffix=True),
 }
 KEEPS_SPACES = {name for name, o in OPTIONS.items() if o.get("remove_extra_whitespaces") is False}
-# refused at startup: a space added after each document (treat_whitespace_as_suffix: its decoder keeps it, so
-# the bytes alone would agree; load_tokenizer refuses the option), and a space written as the byte pieces
-# E2 96 81 (counted 3, decoded 1: the byte check names the document)
-SUFFIX = r"TOKENIZER_PATH=.*tok.model adds a space after every document \(treat_whitespace_as_suffix\)"
+# refused at startup: a space added before each document (add_dummy_prefix, SentencePiece's default) or after it
+# (treat_whitespace_as_suffix): not text, but the byte tables would count it; and a space written as the byte
+# pieces E2 96 81 (counted 3, decoded 1: the byte check names the document)
+PREFIX = r"TOKENIZER_PATH=.*tok.model adds a space before each document: use add_dummy_prefix=False"
+SUFFIX = r"TOKENIZER_PATH=.*tok.model adds a space after each document \(treat_whitespace_as_suffix\)"
 REFUSED = {
-    "whitespace as suffix": (dict(treat_whitespace_as_suffix=True), SUFFIX),
-    "suffix, spaces kept": (dict(treat_whitespace_as_suffix=True, remove_extra_whitespaces=False), SUFFIX),
+    "dummy prefix": (dict(add_dummy_prefix=True), PREFIX),
+    "dummy prefix, spaces kept": (dict(add_dummy_prefix=True, remove_extra_whitespaces=False), PREFIX),
+    "whitespace as suffix": (dict(treat_whitespace_as_suffix=True, add_dummy_prefix=True), SUFFIX),
+    "suffix, spaces kept": (dict(treat_whitespace_as_suffix=True, add_dummy_prefix=True,
+                                 remove_extra_whitespaces=False), SUFFIX),
     "no standalone space piece": (dict(control_symbols=["\u2581"]),
                                   r"test: document \d+ .* decodes to \d+ bytes but the byte tables count \d+"),
-    "no space piece, suffix": (dict(control_symbols=["\u2581"], treat_whitespace_as_suffix=True), SUFFIX),
+    "no space piece, suffix": (dict(control_symbols=["\u2581"], treat_whitespace_as_suffix=True,
+                                    add_dummy_prefix=True), SUFFIX),
 }
 
 
@@ -782,7 +787,7 @@ def train_bytes_tokenizer(path, corpus, **options):
 
     settings = dict(model_type="bpe", vocab_size=400, byte_fallback=True, normalization_rule_name="identity",
                     character_coverage=0.995, pad_id=0, bos_id=1, eos_id=2, unk_id=3, num_threads=1,
-                    minloglevel=2, max_sentence_length=65536)
+                    minloglevel=2, max_sentence_length=65536, add_dummy_prefix=False)
     spm.SentencePieceTrainer.train(sentence_iterator=iter(line for doc in corpus for line in doc.splitlines()),
                                    model_prefix=str(path), **{**settings, **options})
     sp = spm.SentencePieceProcessor(model_file=f"{path}.model")
@@ -805,7 +810,7 @@ def test_bytes_equal_the_text_for_every_option(tmp_path, corpus, name):
     for doc in docs:  # the premise: each document survives the tokenizer unchanged
         assert tok.decode(sp.encode(doc)).replace("\u2581", " ").strip(" ") == doc.strip(" "), (name, doc)
     tokens = doc_stream(sp, docs)
-    counted = train_gpt.token_bytes(tokens, tok)
+    counted = tok.piece_bytes[tokens.long()]
     assert per_document(tokens, counted) == [len(doc.encode("utf-8")) for doc in docs], name
     assert (counted >= 0).all()
     train_gpt.check_token_bytes(tokens, counted, tok, "test")  # the startup check agrees
@@ -817,23 +822,22 @@ def test_retired_options_are_refused_at_startup(tmp_path, corpus, name):
     with pytest.raises(train_gpt.ConfigError, match=message):
         sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus, **options)
         tokens = doc_stream(sp, [corpus[0][:3000], corpus[1][-2000:]] + PLAIN)
-        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_options_exercise_what_they_claim(tmp_path, corpus):
     """The refused vocabulary really writes spaces as bytes: its decoder keeps their symbol."""
     sp, no_space = train_bytes_tokenizer(tmp_path / "a", corpus, control_symbols=["\u2581"])
-    assert no_space.dummy_prefix
-    assert no_space.decode(sp.encode("a b")) == "\u2581a\u2581b", "the decoder keeps the bytes' symbol"
+    assert no_space.decode(sp.encode("a b")) == "a\u2581b", "the decoder keeps the bytes' symbol"
 
 
 def test_the_check_refuses_tables_that_miscount(tmp_path, corpus):
     sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus)
     tokens = doc_stream(sp, PLAIN)
-    tok.leading_space[:] = False  # forget that the added space starts the first piece of a document
-    message = r"test: document 0 .* decodes to 50 bytes but the byte tables count 51"
+    tok.piece_bytes[tokens[1]] += 1  # the first document's first piece counted one byte too many
+    message = r"test: document 0 .* decodes to 50 bytes but the byte tables count 5[12]"
     with pytest.raises(train_gpt.ConfigError, match=message):
-        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_unknown_tokens_are_refused(tmp_path, corpus):
@@ -841,7 +845,7 @@ def test_unknown_tokens_are_refused(tmp_path, corpus):
     tokens = doc_stream(sp, PLAIN)
     assert (tok.piece_bytes[tokens] < 0).any(), "CJK and emoji are not in this vocabulary"
     with pytest.raises(train_gpt.ConfigError, match=r"test: token \d+ is <unk>.*byte_fallback=True"):
-        train_gpt.check_token_bytes(tokens, train_gpt.token_bytes(tokens, tok), tok, "test")
+        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_ranks_share_the_documents(tmp_path, corpus):
@@ -850,7 +854,7 @@ def test_ranks_share_the_documents(tmp_path, corpus):
     sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus)
     docs = [corpus[0][i:i + 300].strip() for i in range(0, 3000, 300)]
     tokens = doc_stream(sp, docs)
-    counted = train_gpt.token_bytes(tokens, tok)
+    counted = tok.piece_bytes[tokens.long()]
     bos = (tokens == train_gpt.BOS_ID).nonzero().flatten()
     counted[bos[4] + 1] += 1  # document 4 miscounted
     for rank in range(3):

@@ -41,7 +41,7 @@ def test_the_dry_run_measures_parity_the_record_shape_and_the_artifact(sotu_data
     assert report["graphs_compiled_inside"] == 0, "nothing compiles inside a timed final pass"
     assert set(report["record"]["passes_ms"]) == {"roundtrip", "ttt"}, "the record command's passes"
     assert report["record"]["ms_before"] and report["record"]["ms_after"]
-    assert report["record"]["first_step_s"] > 0 and report["record"]["ttt_groups"] >= 1 and report["record"]["peak_mib"] is None
+    assert report["record"]["first_step_s"] > 0 and report["record"]["ttt_groups"] >= 1 and report["record"].get("peak_mib") is None
     assert report["artifact"]["ours_total"] > report["artifact"]["ours_bytes"] > 0
     # each row is printed the moment it is measured, stamped with the seconds since the start
     stamps = [float(s) for s in re.findall(r"^\[ *([\d.]+) s\]", stdout, flags=re.M)]

@@ -10,28 +10,12 @@ import torch.nn.functional as F
 
 import train_gpt as tg
 from bench.flops import count_flops_per_token
-from conftest import ALL_ON, ROOT, all_on_hp, randomize, random_model, tiny_hp
+from conftest import ROOT, TRAINING_LEVERS, all_on_hp, randomize, random_model, tiny_hp
 
 # The script of the CPU-track record made before the field's techniques existed: with every newer
 # setting at its default, today's model and optimizer must compute exactly what it computed.
 REFERENCE_RECORD = ROOT / "records" / "track_cpu" / "2026-11-22_Int6Qat7LayersSliding"
 REFERENCE_SCRIPT = REFERENCE_RECORD / "train_gpt.py"
-
-# The field's best entry, term for term
-FIELD_ON = dict(
-    skip_gates_enabled=True,
-    ortho_init=True,
-    sparse_attn_gate_enabled=True,
-    smear_gate_enabled=True,
-    num_layers=5,
-    loop_start=1,
-    loop_end=2,
-    num_loops=1,
-    parallel_start_layer=3,
-    xsa_last_n=2,
-    ln_scale=True,
-    rope_dims=4,
-)
 
 
 def bump(idx: torch.Tensor, t: int) -> torch.Tensor:
@@ -164,7 +148,7 @@ def test_gqa_equals_full_heads_with_repeated_kv():
             repeated = w.repeat_interleave(group, dim=0).reshape(dim, dim)
             getattr(full, name).weight.copy_(repeated)
     x = torch.randn(2, 12, dim)
-    torch.testing.assert_close(gqa(x), full(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gqa(x, {}), full(x, {}), rtol=1e-5, atol=1e-5)
 
 
 def test_rope_dims_equal_to_head_dim_is_full_rope_and_partial_rope_leaves_the_rest():
@@ -196,14 +180,14 @@ def test_xsa_output_is_orthogonal_to_the_tokens_own_value(num_kv_heads):
     attn = tg.CausalSelfAttention(hp, layer=8)
     attn.proj = torch.nn.Identity()  # expose the heads' outputs
     x = torch.randn(2, 16, 32)
-    y = attn(x).view(2, 16, 4, 8)  # (B, T, H, hd)
+    y = attn(x, {}).view(2, 16, 4, 8)  # (B, T, H, hd)
     v = attn.c_v(x).view(2, 16, num_kv_heads, 8)
     v = v.repeat_interleave(4 // num_kv_heads, dim=2)  # (B, T, H, hd)
     v_hat = F.normalize(v, dim=-1)
     assert (y * v_hat).sum(-1).abs().max() < 1e-5
     # the same heads without XSA are not orthogonal: the test can tell
     attn.xsa = False
-    y = attn(x).view(2, 16, 4, 8)
+    y = attn(x, {}).view(2, 16, 4, 8)
     assert (y * v_hat).sum(-1).abs().max() > 0.1
 
 
@@ -221,11 +205,11 @@ def test_the_attention_gate_scales_each_head_by_its_gate_on_the_first_12_channel
     plain.load_state_dict(state)
     with torch.no_grad():
         plain.proj.weight.copy_(torch.eye(32))  # expose the head outputs
-        heads = plain(x).view(2, 16, 4, 8)
+        heads = plain(x, {}).view(2, 16, 4, 8)
         gate = torch.sigmoid(0.5 * x[..., :12] @ attn.attn_gate.T)  # (B, T, H)
         gated = heads * gate[..., None]
         expected = attn.proj(gated.reshape(2, 16, 32))
-        torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(attn(x, {}), expected, atol=1e-5, rtol=1e-5)
 
 
 # ---- MLP ----
@@ -307,10 +291,10 @@ def test_a_two_lane_block_mixes_each_lane_with_both_outputs():
     b = torch.randn(2, 16, 32)
     x0 = torch.randn(2, 16, 32)
     with torch.no_grad():
-        out = block([a, b], x0, tg.LayerAdapters())  # no TTT adapters
+        out = block([a, b], x0, {})  # no TTT adapters
         mix = block.resid_mix
         x = mix[0] * a + mix[1] * x0
-        attn = block.attn_scale * block.attn(F.rms_norm(x, (32,)))
+        attn = block.attn_scale * block.attn(F.rms_norm(x, (32,)), {})
         mlp = block.mlp_scale * block.mlp(F.rms_norm(b, (32,)))
         w = block.lane_mix
         lane0 = w[0, 0] * a + w[0, 1] * attn + w[0, 2] * mlp
@@ -346,13 +330,13 @@ def field_logits(model: tg.GPT, idx: torch.Tensor) -> torch.Tensor:
         mix = block.resid_mix
         if lanes:
             attn_in = block.norm(mix[0] * lanes[0] + mix[1] * x0)
-            a = block.attn_scale * block.attn(attn_in)
+            a = block.attn_scale * block.attn(attn_in, {})
             m = block.mlp_scale * block.mlp(block.norm(lanes[1]))
             w = block.lane_mix
             lanes = [w[j, 0] * lanes[j] + w[j, 1] * a + w[j, 2] * m for j in (0, 1)]
         else:
             x = mix[0] * x + mix[1] * x0
-            x = x + block.attn_scale * block.attn(block.norm(x))
+            x = x + block.attn_scale * block.attn(block.norm(x), {})
             x = x + block.mlp_scale * block.mlp(block.norm(x))
         if i < encoder:
             skips.append(x if lanes is None else (lanes[0] + lanes[1]) / 2)
@@ -363,7 +347,7 @@ def field_logits(model: tg.GPT, idx: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("looping", [False, True])
 def test_lanes_and_skip_gates_match_the_fields_equations(looping):
-    model = random_model(tiny_hp(**FIELD_ON))
+    model = random_model(all_on_hp())
     model.set_looping(looping)
     idx = torch.randint(0, 64, (2, 16))
     with torch.no_grad():
@@ -372,7 +356,7 @@ def test_lanes_and_skip_gates_match_the_fields_equations(looping):
 
 
 def test_lanes_start_as_the_field_initializes_them():
-    block = tg.GPT(tiny_hp(**FIELD_ON)).blocks[3]
+    block = tg.GPT(all_on_hp()).blocks[3]
     init = torch.tensor([[1.1, 1.0, 1.0]] * 2)
     assert torch.equal(block.lane_mix, init), "residual 1.1, attention and MLP 1"
 
@@ -386,7 +370,7 @@ def test_looped_forward_equals_the_explicitly_unrolled_model():
     model.set_looping(True)
     order = [0, 1, 2, 1, 2, 1, 2, 3, 4]  # LOOP_START=1 LOOP_END=2 NUM_LOOPS=2 over 5 layers
     assert model.layer_order() == order
-    unrolled_hp = tiny_hp(**{**ALL_ON, "num_layers": len(order), "num_loops": 0})
+    unrolled_hp = tiny_hp(**{**TRAINING_LEVERS, "num_layers": len(order), "num_loops": 0})
     unrolled = tg.GPT(unrolled_hp)
     shared = {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}
     unrolled.load_state_dict(shared, strict=False)

