@@ -620,7 +620,7 @@ class Block(nn.Module):
         self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0  # deeper layers add less (LN scale)
         self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
     def norm(self, x):
-        return rms_norm(x) * self.norm_scale  # 1.0 without LN_SCALE: exact
+        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
     def forward(self, lanes, x0, lora):
         """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last, and each lane adds both outputs with
         learned weights; lora: the layer's TTT adapters, by name (the outputs' read the normed inputs)."""
