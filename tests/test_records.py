@@ -83,7 +83,7 @@ def write_log(path: Path, *, source=FAKE_SOURCE, settings=None, val_loss=2.05, v
     if steps < iterations:
         lines.append(f"stopping_early: wallclock_cap train_time:{train_time_ms:.0f}ms step:{steps}/{iterations}")
     if error is not None:
-        lines += [f"error: rank 0: Traceback (most recent call last):", '  File "train_gpt.py", line 1500, in main',
+        lines += ["error: rank 0: Traceback (most recent call last):", '  File "train_gpt.py", line 1500, in main',
                   "    train_and_score(run, source)", error]
     elif finished:
         label = family.replace("_", "+")
