@@ -87,9 +87,9 @@ def environ_problems(environ, hp):
     found = ["settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused)] if refused else []
     for name in names:
         default = getattr(hp, name.lower())
-        text = environ.get(name, "").strip()
         if name not in environ or isinstance(default, str):
             continue
+        text = environ[name].strip()
         try:
             if isinstance(default, bool):
                 BOOLEANS[text.lower()]

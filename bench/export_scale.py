@@ -12,12 +12,10 @@ scale moves each export.
 """
 
 import argparse
-import io
-import zlib
 
 import torch
 
-from run_files import reader_module, tg
+from run_files import challenge_export_bytes, reader_module, tg
 
 SIGMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
@@ -38,13 +36,6 @@ def drawn(base: dict, sigma: float, tails: str, seed: int = 1) -> dict:
     return state
 
 
-def challenge_bytes(reference, state: dict) -> int:
-    quantized, _ = reference.quantize_state_dict_int8(state)
-    buffer = io.BytesIO()
-    torch.save(quantized, buffer)
-    return len(zlib.compress(buffer.getvalue(), level=9))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", help="the challenge's train_gpt.py (its export beside ours)")
@@ -60,7 +51,7 @@ def main() -> None:
         for sigma in SIGMAS:
             state = drawn(base, sigma, tails)
             ours = len(tg.save_artifact(state, None, hp))
-            theirs = f"{challenge_bytes(reference, state):,}" if reference else "-"
+            theirs = f"{challenge_export_bytes(reference, state):,}" if reference else "-"
             print(f"| {tails} | {sigma} | {ours:,} | {theirs} |", flush=True)
 
 

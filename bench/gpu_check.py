@@ -31,8 +31,6 @@ Put the table in MEASUREMENTS.md with the command and the device.
 """
 
 import argparse
-import importlib.util
-import io
 import json
 import os
 import re
@@ -40,13 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 import torch
 
 from flops import count_flops_per_token, fineweb_ttt_positions, peak_flops, ttt_positions
-from run_files import ROOT, tg  # puts the repository's root on sys.path
+from run_files import ROOT, challenge_export_bytes, reader_module, tg  # puts the repository's root on sys.path
 from data.shards import read_datafile, write_datafile  # noqa: E402
 
 PARTS = ("parity", "record", "tests", "artifact", "record_warm", "attention", "record_train")
@@ -424,21 +421,10 @@ def artifact_finish(report: Report, ctx: Context, proc: subprocess.Popen, budget
     line = f"{ours:,.0f} model + code = {total:,.0f}"
     if ctx.args.reference and not ctx.dry:
         state = torch.load(next((ctx.work / "checkpoints").glob("artifact/step_*/state.pt")), map_location="cpu")
-        found["challenge_bytes"] = challenge_export_bytes(ctx.args.reference, state["model"])
+        found["challenge_bytes"] = challenge_export_bytes(reader_module(ctx.args.reference), state["model"])
         line += f"; the challenge's export of the same weights: {found['challenge_bytes']:,} model"
     report.row(f"artifact: after {steps:.0f} default steps (one micro-step each), bytes", line,
                "under 16,000,000", artifact=found)
-
-
-def challenge_export_bytes(reference: Path, state: dict) -> int:
-    """Bytes of the challenge's int8+zlib export (its own functions, imported from --reference) of weights."""
-    spec = importlib.util.spec_from_file_location("challenge_train_gpt", reference)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    quantized, _ = module.quantize_state_dict_int8(state)
-    buffer = io.BytesIO()
-    torch.save(quantized, buffer)
-    return len(zlib.compress(buffer.getvalue(), level=9))
 
 
 def attention(report: Report, ctx: Context, budget_s: float) -> None:

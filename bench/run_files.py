@@ -3,8 +3,10 @@ and a single CPU process's Run of them."""
 
 import dataclasses
 import importlib.util
+import io
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import torch
@@ -28,6 +30,15 @@ def reader_module(path: Path | None):
     sys.modules[spec.name] = reader  # dataclasses look it up
     spec.loader.exec_module(reader)
     return reader
+
+
+def challenge_export_bytes(challenge, state: dict) -> int:
+    """Bytes of the challenge's int8+zlib export of state, by its own functions (challenge: its train_gpt.py
+    as reader_module loads it)."""
+    quantized, _ = challenge.quantize_state_dict_int8(state)
+    buffer = io.BytesIO()
+    torch.save(quantized, buffer)
+    return len(zlib.compress(buffer.getvalue(), level=9))
 
 
 def add_run_arguments(parser) -> None:
