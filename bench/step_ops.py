@@ -16,7 +16,6 @@ kernel launches per step, for both scripts, come from bench/gpu_check.py's parit
 
 import argparse
 import collections
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._inductor.decomposition import select_decomp_table
 
-from run_files import tg
+from run_files import reader_module, tg
 
 # What an aten op becomes under Inductor: matmuls, attention and reductions are kernels of their own (or a
 # reduction's loop), so they must match; casts and pointwise ops fuse into their neighbours; views are free.
@@ -62,10 +61,7 @@ def kind(op: str) -> str:
 
 def challenge_model(path: Path, hp):
     """The challenge's GPT as its main() builds it, from its own file."""
-    spec = importlib.util.spec_from_file_location("challenge_train_gpt", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = reader_module(path)
     if not hasattr(module, "restore_low_dim_params_to_fp32"):  # ours, standing in for the challenge's
         return module.GPT(hp)
     model = module.GPT(vocab_size=hp.vocab_size, num_layers=hp.num_layers, model_dim=hp.model_dim,
