@@ -11,6 +11,7 @@ source for the help (and for tools/settings_table.py's table), and is handed the
 import difflib
 import importlib.util
 import os
+import platform
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -193,3 +194,14 @@ def help_text():
     """train_gpt.py --help: one aligned line per setting."""
     return "\n".join(f"{name:<27} {default:<13} {meaning}" for name, default, meaning in rows())
 
+
+def describe_hardware(layout) -> str:
+    """The log's hardware line, which the records tools read: the GPUs, or the CPU, its cores and threads."""
+    import torch
+    if layout.cuda:
+        return f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"
+    cpuinfo = Path("/proc/cpuinfo")
+    found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
+    cpu = found[0] if found else platform.processor() or platform.machine()
+    return (f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
+            f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes")

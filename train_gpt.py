@@ -7,6 +7,7 @@ logs/<RUN_ID>.txt: this file, versions, hardware, every console line. Checkpoint
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import glob
 import hashlib
@@ -243,55 +244,63 @@ POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.8787699152074
                         (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 
 def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
-    """Approximately orthogonalize G (singular values to ~1): X <- aX + (bA + cA^2)X, A = XX^T."""
+    """Orthogonalize each matrix of G (..., rows, cols) approximately: X <- aX + (bA + cA^2)X, A = XX^T."""
     X = G.to(dtype)
-    transposed = X.size(0) > X.size(1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
-    X = (X.T if transposed else X) / (X.norm() + eps)
+    transposed = X.size(-2) > X.size(-1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
+    X = (X.mT if transposed else X) / (X.norm(dim=(-2, -1), keepdim=True) + eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
-        A = X @ X.T
+        A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
-    return X.T if transposed else X
+    return X.mT if transposed else X
+
+def muon_update(g, hp, dtype):
+    """A bank of Nesterov gradients (n, rows, cols) as Muon's updates, by MUON_ROW_NORMALIZE, MUON_POLAR and
+    MUON_BACKEND_STEPS."""
+    if hp.muon_row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
+        g = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-7)
+    coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
+    g = zeropower_via_newtonschulz5(g, hp.muon_backend_steps, dtype=dtype, coeffs=coeffs)
+    return g * max(1.0, g.size(-2) / g.size(-1)) ** 0.5  # tall matrices' RMS update comparable
 
 class Muon(torch.optim.Optimizer):
-    """Nesterov momentum, then orthogonalized updates of 2-D matrices, every world_size-th on each rank."""
+    """Nesterov momentum (in the gradients, as modded-nanogpt), then orthogonalized updates of 2-D matrices in
+    banks of one shape: each rank takes every world_size-th matrix of a bank, batched, and the ranks sum each
+    bank's updates. The momentum buffers are made with the optimizer: a step allocates only its updates."""
     def __init__(self, params, hp, layout=Layout()):
-        super().__init__(params, dict(lr=hp.matrix_lr, momentum=hp.muon_momentum,
-                                      backend_steps=hp.muon_backend_steps, weight_decay=hp.muon_wd))
-        self.orthogonalize = zeropower_via_newtonschulz5  # torch.compile'd on CUDA
+        super().__init__(params, dict(lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd))
         self.update_dtype = torch.bfloat16 if layout.use_bf16 else torch.float32
-        self.row_normalize = hp.muon_row_normalize
-        self.coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
+        update = muon_update
+        if layout.use_compile:  # a graph for each bank's shape
+            update = torch.compile(muon_update, dynamic=False, fullgraph=True)
+        self.orthogonalize = functools.partial(update, hp=hp, dtype=self.update_dtype)
         self.layout = layout
+        for p in self.param_groups[0]["params"]:
+            self.state[p]["momentum_buffer"] = torch.zeros_like(p)
     @torch.no_grad()
     def step(self, closure=None):
+        mine = slice(self.layout.rank, None, self.layout.world_size)
         for group in self.param_groups:
-            params = group["params"]
-            momentum = group["momentum"]
-            sizes = [p.numel() for p in params]
-            updates = torch.zeros(sum(sizes), device=params[0].device, dtype=self.update_dtype)
-            views = updates.split(sizes)  # one per matrix
-            for i, p in enumerate(params):
-                if p.grad is None:
-                    continue
-                if "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = self.state[p]["momentum_buffer"].mul_(momentum).add_(p.grad)
-                if i % self.layout.world_size == self.layout.rank:
-                    nesterov = p.grad.add(buf, alpha=momentum)
-                    views[i].copy_(self.update(nesterov, group).flatten())
-            if self.layout.distributed:
-                dist.all_reduce(updates)  # summed
-            for p, update in zip(params, views):
-                # decoupled: it shrinks the weights, so their compressed size too
-                if group["weight_decay"]:
-                    p.mul_(1.0 - group["lr"] * group["weight_decay"])
-                p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
-    def update(self, g, group):
-        if self.row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
-            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
-        g = self.orthogonalize(g, steps=group["backend_steps"], dtype=self.update_dtype, coeffs=self.coeffs)
-        return g * max(1.0, g.size(0) / g.size(1)) ** 0.5  # tall matrices' RMS update comparable
+            params = [p for p in group["params"] if p.grad is not None]
+            momenta = [self.state[p]["momentum_buffer"] for p in params]
+            grads = [p.grad for p in params]
+            # every matrix in one op each: the momentum, Nesterov's gradient, the decoupled decay
+            torch._foreach_mul_(momenta, group["momentum"])
+            torch._foreach_add_(momenta, grads)
+            torch._foreach_add_(grads, momenta, alpha=group["momentum"])
+            if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
+                torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
+            banks = {}
+            for p in params:
+                banks.setdefault(p.shape, []).append(p)
+            # a bank: this rank's matrices orthogonalized in one batch, the others' rows zero until the sum
+            for bank in banks.values():
+                updates = bank[0].new_zeros(len(bank), *bank[0].shape, dtype=self.update_dtype)
+                if bank[mine]:
+                    updates[mine] = self.orthogonalize(torch.stack([p.grad for p in bank[mine]]))
+                if self.layout.distributed:
+                    dist.all_reduce(updates)  # summed
+                torch._foreach_add_(bank, updates.to(bank[0].dtype).unbind(), alpha=-group["lr"])
 
 class Optimizers(NamedTuple):
     adam: torch.optim.AdamW  # the embeddings, vectors and control tensors
@@ -1225,9 +1234,8 @@ def agree(values, layout):
     """The max over ranks of host values, read back (as the challenge's stop): one process reads no device."""
     if not layout.distributed:
         return values
-    agreed = torch.tensor(values, dtype=torch.float64, pin_memory=layout.cuda)
-    agreed = agreed.to(layout.device, non_blocking=True)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    agreed = np.array(values, dtype=np.float64)  # on the host: gloo reduces it, NCCL's device waits for nothing
+    dist.all_reduce(torch.from_numpy(agreed), op=dist.ReduceOp.MAX)
     return agreed.tolist()
 
 def check_finite(diverged, step):
@@ -1327,7 +1335,8 @@ class RunLog:
             f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
             f.write(run.source + b"\n==== end of source ====\n")
         self(f"versions: python:{platform.python_version()} torch:{torch.__version__}", console=False)
-        self(describe_hardware(run.layout), console=False)
+        if checks := settings_module():  # a record folder's copy without it says so
+            self(checks.describe_hardware(run.layout), console=False)
         self(f"command: {command}")
         self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
         layout = run.layout
@@ -1347,15 +1356,6 @@ class RunLog:
         text = f"train_gpt.py: error: {error}" if isinstance(error, ConfigError) else traceback.format_exc()
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"error: rank {rank}: {text.rstrip()}\n")
-
-def describe_hardware(layout):  # the line the records tools read
-    if layout.cuda:
-        return f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"
-    cpuinfo = Path("/proc/cpuinfo")
-    found = re.findall(r"^model name\s*: (.*)", cpuinfo.read_text(), flags=re.M) if cpuinfo.exists() else []
-    cpu = found[0] if found else platform.processor() or platform.machine()
-    return (f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
-            f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes")
 
 def launch_command(environ=os.environ):
     """The command that reproduces this run: the settings it set, then the launcher."""
@@ -1420,7 +1420,7 @@ def start(run):
         torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit only: math for fp32
     run_id = [hp.run_id or str(uuid.uuid4())]
     if layout.distributed:  # every rank must name the same log and artifact
-        backend = "nccl" if layout.cuda else "gloo"
+        backend = "cuda:nccl,cpu:gloo" if layout.cuda else "gloo"  # host tensors (agree()) through gloo
         dist.init_process_group(backend=backend, device_id=layout.device if layout.cuda else None)
         dist.broadcast_object_list(run_id, src=0)
     hp.run_id = run_id[0]
@@ -1433,7 +1433,7 @@ def start(run):
     else:
         run.log.write_header(run, launch_command())
     if settings_module() is None:
-        run.log("settings: not checked: settings.py is not beside this train_gpt.py")
+        run.log("settings: not checked, hardware not described: settings.py is not beside this train_gpt.py")
     print(f"logfile: {run.log.path}")
 
 def build_model(run):
@@ -1449,7 +1449,6 @@ def build_model(run):
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.optimize_ddp = hp.optimize_ddp
         run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True)
-        optimizers.muon.orthogonalize = torch.compile(zeropower_via_newtonschulz5)
     run.trainer = run.scorer
     if layout.distributed:  # without buffer broadcast: every rank holds the same RoPE tables and flags
         device_ids = [layout.local_rank] if layout.cuda else None

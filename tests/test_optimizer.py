@@ -116,30 +116,34 @@ def test_muon_step_matches_reference(dtype, atol):
 
 
 @pytest.mark.parametrize("row_normalize, polar", [(False, False), (True, True)])
-def test_muon_weight_decay_with_zero_gradient_is_exact_shrinkage(row_normalize, polar):
+def test_muon_weight_decay_with_zero_gradient_is_exact_shrinkage(row_normalize, polar, monkeypatch):
     p = torch.nn.Parameter(torch.randn(16, 24))
     before = p.detach().clone()
     hp = tg.Hyperparameters(matrix_lr=0.05, muon_momentum=0.95, muon_wd=0.2, muon_row_normalize=row_normalize,
                             muon_polar=polar)
     muon = tg.Muon([p], hp)
-    assert muon.coeffs == (tg.POLAR_EXPRESS_COEFFS if polar else tg.QUINTIC_COEFFS)
+    coeffs = []
+    real = tg.zeropower_via_newtonschulz5
+    monkeypatch.setattr(tg, "zeropower_via_newtonschulz5", lambda *a, **k: coeffs.append(k["coeffs"]) or real(*a, **k))
     p.grad = torch.zeros_like(p)
     muon.step()
+    assert coeffs == [tg.POLAR_EXPRESS_COEFFS if polar else tg.QUINTIC_COEFFS]
     assert torch.equal(p.detach(), before * (1 - 0.05 * 0.2))
 
 
-def test_muon_row_norm_equalizes_rows_before_orthogonalizing():
+def test_muon_row_norm_equalizes_rows_before_orthogonalizing(monkeypatch):
     seen = []
 
-    def record(g, **kwargs):
+    def record(g, *args, **kwargs):
         seen.append(g.clone())
         return g
     p = torch.nn.Parameter(torch.randn(8, 16))
     muon = tg.Muon([p], tg.Hyperparameters(matrix_lr=0.0, muon_momentum=0.0, muon_row_normalize=True))
-    muon.orthogonalize = record
+    monkeypatch.setattr(tg, "zeropower_via_newtonschulz5", record)
     p.grad = torch.randn(8, 16) * torch.arange(1, 9)[:, None]
     muon.step()
-    torch.testing.assert_close(seen[0].norm(dim=1), torch.ones(8))
+    assert seen[0].shape == (1, 8, 16), "a bank of one"
+    torch.testing.assert_close(seen[0][0].norm(dim=1), torch.ones(8))
 
 
 # ---- schedules ----
@@ -217,3 +221,117 @@ def test_ema_update_matches_formula_and_swap_restores():
     ema.swap(model)
     for p, before in zip(model.parameters(), live):
         assert torch.equal(p.detach(), before)
+
+
+# ---- Muon by banks ----
+
+
+@torch.no_grad()
+def per_matrix_step(muon: tg.Muon) -> None:
+    """Muon's step as it was before the banks (commit 4a4721b): each matrix its own momentum, Newton-Schulz and
+    update, in the parameters' order, every world_size-th on this rank."""
+    layout, hp = muon.layout, muon.orthogonalize.keywords["hp"]
+    for group in muon.param_groups:
+        params = group["params"]
+        sizes = [p.numel() for p in params]
+        updates = torch.zeros(sum(sizes), dtype=muon.update_dtype)
+        views = updates.split(sizes)
+        for i, p in enumerate(params):
+            if "momentum_buffer" not in muon.state[p]:
+                muon.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+            buf = muon.state[p]["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+            if i % layout.world_size == layout.rank:
+                g = p.grad.add(buf, alpha=group["momentum"])
+                if hp.muon_row_normalize:
+                    g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-7)
+                g = tg.zeropower_via_newtonschulz5(g, hp.muon_backend_steps, dtype=muon.update_dtype,
+                                                   coeffs=tg.POLAR_EXPRESS_COEFFS if hp.muon_polar else tg.QUINTIC_COEFFS)
+                views[i].copy_((g * max(1.0, g.size(0) / g.size(1)) ** 0.5).flatten())
+        if layout.distributed:
+            tg.dist.all_reduce(updates)
+        for p, update in zip(params, views):
+            if group["weight_decay"]:
+                p.mul_(1.0 - group["lr"] * group["weight_decay"])
+            p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
+
+
+def default_shape_muon(seed: int, **overrides):
+    """The default run's 54 matrices (9 layers: q, k, v, attention's and the MLP's projections), narrowed to
+    width 64 (the same banks, the same op count), with gradients."""
+    hp = tg.Hyperparameters(model_dim=64, **overrides)
+    torch.manual_seed(seed)
+    model = tg.GPT(hp)
+    _, muon = tg.build_optimizers(model, hp, tg.Layout())
+    for p in muon.param_groups[0]["params"]:
+        p.grad = torch.randn_like(p)
+    return model, muon
+
+
+def banked_steps(levers: dict, rank: int, world_size: int, peer: list) -> tuple[list, list]:
+    """3 bank steps on one rank; peer: the other rank's update buffers, a bank's at each all_reduce, which
+    all_reduce adds (and a rank run first appends its own to)."""
+    _, muon = default_shape_muon(0, **levers)
+    muon.layout = tg.Layout(rank=rank, world_size=world_size)
+    params = muon.param_groups[0]["params"]
+    real = tg.dist.all_reduce
+    tg.dist.all_reduce = lambda updates: updates.add_(peer.pop(0)) if rank == 0 else peer.append(updates.clone())
+    try:
+        for i in range(3):
+            torch.manual_seed(i + 1)
+            for p in params:
+                p.grad = torch.randn_like(p)
+            muon.step()
+    finally:
+        tg.dist.all_reduce = real
+    return [p.detach().clone() for p in params], [muon.state[p]["momentum_buffer"] for p in params]
+
+
+@pytest.mark.parametrize("levers", [{}, dict(muon_row_normalize=True, muon_polar=True, muon_wd=0.05)])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_bank_step_is_the_per_matrix_step(levers, world_size):
+    """The banks reorder the work, not the maths: momentum buffers bitwise, weights within rounding; on 2 ranks,
+    each takes its share of every bank and the sum of the two is the one process's update."""
+    _, muon = default_shape_muon(0, **levers)
+    params = muon.param_groups[0]["params"]
+    for i in range(3):
+        torch.manual_seed(i + 1)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        per_matrix_step(muon)
+    reference = [p.detach().clone() for p in params]
+    peer = []
+    if world_size == 2:
+        banked_steps(levers, 1, 2, peer)
+        assert len(peer) == 3 * 4, "a sum for each of the 4 banks, each step"
+    banked, banked_bufs = banked_steps(levers, 0, world_size, peer)
+    assert len(banked) == 54
+    for p, a in zip(params, banked_bufs):
+        assert torch.equal(a, muon.state[p]["momentum_buffer"])
+    for a, b in zip(banked, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops dispatched (each a kernel launch or more on a GPU; a foreach op is one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_muon_step_dispatches_a_quarter_of_the_per_matrix_ops():
+    """At the default run's 54 matrices: the banks' step (4 banks, each one batched Newton-Schulz) against the
+    per-matrix step it replaced (bench/muon_ops.py prints both beside the challenge's)."""
+    counts = []
+    for step in (lambda muon: muon.step(), per_matrix_step):
+        _, muon = default_shape_muon(0)
+        step(muon)  # the momentum buffers exist: a steady step
+        with OpCounter() as counter:
+            step(muon)
+        counts.append(counter.count)
+    banked, per_matrix = counts
+    assert banked * 4 <= per_matrix, counts

@@ -205,43 +205,53 @@ def test_priming_runs_one_batch_of_each_graph_it_compiles():
     assert all(p.requires_grad for p in model.parameters()), "TTT's priming leaves the model trainable"
 
 
-def test_a_steady_step_reads_nothing_of_the_device(tiny_data, tmp_path, monkeypatch):
-    """On one process a training step only queues work: from step 3 to step 10 the loop makes no host read of a
-    tensor (item, tolist, cpu, numpy, truth or number of a tensor, synchronize), so on a GPU the host queues
-    the next step while the device runs this one; a non-finite loss is seen a step or two late, through pinned
-    memory. Only train_gpt.py's own calls count: on a GPU the fused AdamW reads nothing (on the CPU it reads
-    its step counts, which live on the host)."""
-    reads = []
-    counting = [False]
-    trainer = str(ROOT / "train_gpt.py")
+STEADY_DRIVER = """
+import json, sys, torch
+import train_gpt as tg
+reads, counting, steps = [], [False], [0]
+def counted(name, real):
+    def read(*args, **kwargs):
+        if counting[0] and sys._getframe(1).f_code.co_filename == tg.__file__:
+            reads.append(f"{name} at line {sys._getframe(1).f_lineno}")
+        return real(*args, **kwargs)
+    return read
+for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+    setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+torch.cuda.synchronize = counted("synchronize", lambda *a: None)
+tg.synchronize = counted("synchronize", tg.synchronize)
+real_step = tg.train_step
+def train_step(*args):
+    steps[0] += 1
+    counting[0] = 3 <= steps[0] <= 10
+    return real_step(*args)
+tg.train_step = train_step
+tg.main()
+print("steady:", json.dumps(dict(steps=steps[0], reads=reads)))
+"""
 
-    def counted(name, real):
-        def read(*args, **kwargs):
-            if counting[0] and sys._getframe(1).f_code.co_filename == trainer:
-                reads.append(f"{name} at line {sys._getframe(1).f_lineno}")
-            return real(*args, **kwargs)
-        return read
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
-    monkeypatch.setattr(torch.cuda, "synchronize", counted("synchronize", lambda *a: None))
-    steps = [0]
-    real_step = tg.train_step
 
-    def train_step(*args):
-        steps[0] += 1
-        counting[0] = 3 <= steps[0] <= 10
-        return real_step(*args)
-    monkeypatch.setattr(tg, "train_step", train_step)
-    monkeypatch.setattr(tg, "synchronize", counted("synchronize", tg.synchronize))
-    for name in tg.ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
-    env = tiny_data.env(RUN_ID="steady", ITERATIONS=12, TRAIN_LOG_EVERY=0, VAL_LOSS_EVERY=0, WARMUP_STEPS=0)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)
-    tg.main()
-    assert steps[0] == 12
-    assert reads == [], reads
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_steady_step_reads_nothing_of_the_device(tiny_data, tmp_path, nproc):
+    """A training step only queues work: from step 3 to step 10 the loop makes no host read of a tensor (item,
+    tolist, cpu, numpy, truth or number of a tensor, synchronize), so on a GPU the host queues the next step
+    while the device runs this one; a non-finite loss is seen a step or two late, through pinned memory. On 2
+    processes too: the ranks agree on the clock, the stop signal and the loss's finiteness through numpy memory
+    that gloo reduces (on CUDA, the default group's gloo side), not a device tensor read back. Only
+    train_gpt.py's own calls count: on a GPU the fused AdamW reads nothing (on the CPU it reads its step
+    counts, which live on the host)."""
+    driver = tmp_path / "steady.py"
+    driver.write_text(STEADY_DRIVER)
+    env = tiny_data.env(RUN_ID="steady", ITERATIONS=12, TRAIN_LOG_EVERY=0, VAL_LOSS_EVERY=0, WARMUP_STEPS=0,
+                        PYTHONPATH=str(ROOT))
+    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+                                   if nproc > 1 else [])
+    out = subprocess.run(launcher + [str(driver)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = [json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines() if line.startswith("steady:")]
+    assert len(found) == nproc, out.stdout[-2000:]
+    for rank in found:
+        assert rank == dict(steps=12, reads=[]), rank
 
 
 # ---- crashes and divergence reach the log ----

@@ -234,7 +234,7 @@ def test_a_copy_without_settings_py_runs_unchecked_and_its_log_says_so(tiny_data
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     log = (tmp_path / "logs" / "alone.txt").read_text()
-    assert "settings: not checked: settings.py is not beside this train_gpt.py" in log
+    assert "settings: not checked, hardware not described: settings.py is not beside this train_gpt.py" in log
     assert "final_int8_zlib_roundtrip_exact" in log, "the typo NUM_LAYER went unrefused, as the line warns"
     with pytest.raises(tg.ConfigError, match="NUM_LAYER=3: not a setting"):
         tg.Hyperparameters.from_env({"NUM_LAYER": "3"})
