@@ -253,7 +253,7 @@ def record_env(ctx: Context, run_id: str) -> dict:
     """RECORD's settings on this machine, scoring a slice of the validation set (the dry run's: tiny)."""
     env = dict(ctx.base, **RECORD, VAL_LOSS_EVERY=0, MAX_WALLCLOCK_SECONDS=0, SEED=1, RUN_ID=run_id)
     if ctx.dry:
-        env.update(TINY, DATA_PATH=tiny_slice(ctx.args.sp1024, ctx.work / "sp1024_slice", 4096),
+        env.update(TINY, DATA_PATH=tiny_slice(ctx.args.sp1024, ctx.work / "sp1024_slice", 2048),
                    TOKENIZER_PATH=ctx.tok[1024])
     else:
         slice_path = tiny_slice(ctx.args.sp8192, ctx.work / "sp8192_slice", ctx.args.val_tokens)
@@ -391,8 +391,9 @@ def tests(report: Report, ctx: Context, budget_s: float) -> None:
 def artifact_start(ctx: Context) -> subprocess.Popen:
     """The long default run, started in the background: one micro-step of 64 x 1024 a step, checkpointed at
     its end so that the challenge's export can read the same weights."""
-    steps = 40 if ctx.dry else ARTIFACT_STEPS
+    steps = 10 if ctx.dry else ARTIFACT_STEPS
     env = ctx.default_env(RUN_ID="artifact", ITERATIONS=steps, GRAD_ACCUM_STEPS=1, TRAIN_LOG_EVERY=500,
+                          **dict(WARMUP_STEPS=2) if ctx.dry else {},
                           TRAIN_BATCH_TOKENS=TINY_DEFAULT["TRAIN_BATCH_TOKENS"] if ctx.dry else 65_536,
                           SAVE_EVERY=steps, KEEP_CHECKPOINTS=1, CHECKPOINT_DIR=ctx.work / "checkpoints")
     env = {k: str(v) for k, v in dict(env, **ctx.base).items()}

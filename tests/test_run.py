@@ -139,7 +139,7 @@ def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
     assert FINAL_RE.search(out2.stdout).group(0) == FINAL_RE.search(out1.stdout).group(0)
 
 
-def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
+def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
     """torch.compile recompiles nothing inside the timed training steps or the timed final passes. Warmup
     compiles each training phase's step (the depth-recurrence switch); validation compiles its own graph with
     the clock paused; the final passes prime what the last validation did not (the sliding window, TTT's
@@ -163,11 +163,11 @@ def test_nothing_compiles_inside_a_timer(tiny_data, tmp_path):
               "tg.main()\n"
               "print(f'driver: {inside[0]} graphs compiled inside training steps', flush=True)")
     # shapes that training never ran: the eval window, the stride and TTT's growing windows
-    lever_env = dict(COMPILE=1, NUM_LAYERS=3, MODEL_DIM=128, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
+    lever_env = dict(COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                      ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_SEQ_LEN=128, EVAL_STRIDE=32,
                      TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=64, TTT_BATCH_SIZE=4)
     for steps, val_every in ((16, 0), (8, 4)):
-        env = tiny_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
+        env = short_val_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
                             VAL_LOSS_EVERY=val_every, **lever_env)
         env["PYTHONPATH"] = str(ROOT)
         out = subprocess.run([sys.executable, "-c", driver], env=env, cwd=tmp_path,
@@ -737,20 +737,14 @@ def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
     TTT with a group a document gives rank 0 of 2 two groups, and its adapters (A) carry from the first to the
     second, so the TTT score depends on the number of processes: each run logs its world size, and
     tools/check_record.py --deep rescores its artifact at that world size, in one process, to its score."""
-    import sentencepiece as spm
     sys.path.insert(0, str(ROOT / "tools"))
     from deep_eval import evaluate_artifact
-    data = tmp_path / "data"  # the tiny training shards; for validation, six paragraphs of a speech
-    data.mkdir()
-    for shard in tiny_data.data_path.glob("fineweb_train_*.bin"):
-        (data / shard.name).symlink_to(shard)
-    sp = spm.SentencePieceProcessor(model_file=str(tiny_data.tokenizer_path))
     paragraphs = [p for p in tiny_data.val_docs[0].split("\n") if len(p) > 200][:6]
-    write_datafile(data / "fineweb_val_000000.bin", [t for p in paragraphs for t in [tg.BOS_ID] + sp.encode(p)])
+    data = tiny_data.with_validation(paragraphs, tmp_path / "data")  # six documents: six TTT groups
     finals = {}
     for nproc in (1, 2):
-        env = tiny_data.env(RUN_ID=f"every{nproc}", **as_env(EVERY_LEVER, ttt_batch_size=1), WARMUP_STEPS="3",
-                            VAL_LOSS_EVERY="10", DATA_PATH=data)
+        env = data.env(RUN_ID=f"every{nproc}", **as_env(EVERY_LEVER, ttt_batch_size=1), WARMUP_STEPS="3",
+                       VAL_LOSS_EVERY="10")
         out = run_trainer(env, tmp_path, nproc=nproc)
         assert out.returncode == 0, out.stderr[-3000:]
         assert re.search(rf"^ttt: groups:[56] world_size:{nproc} ", out.stdout, re.M), out.stdout[-2000:]
@@ -768,7 +762,7 @@ def test_two_processes_match_one_with_every_lever_on(tiny_data, tmp_path):
         assert abs(one - two) < 1e-4, (name, one, two)
 
 
-def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(tiny_data, tmp_path):
+def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(short_val_data, tmp_path):
     """Warmup primes the final passes in every phase training may end in, with a window for every rank:
     a run that stops before its loop switch, on 2 processes, compiles nothing inside the timed passes."""
     driver = tmp_path / "driver.py"
@@ -776,7 +770,7 @@ def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(tiny_data
                       "torch.compile = functools.partial(torch.compile, backend='eager')\n"
                       "import train_gpt as tg\n"
                       "tg.main()\n")
-    env = tiny_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
+    env = short_val_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
                         ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
                         EVAL_STRIDE=32, TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
                         SLIDING_WINDOW_ENABLED=0)
