@@ -19,6 +19,8 @@ from step_ops import challenge_model
 
 
 class OpCounter(TorchDispatchMode):
+    """The aten ops dispatched (each a kernel launch or more on a GPU; a foreach op is one)."""
+
     def __init__(self):
         super().__init__()
         self.count = 0
@@ -29,7 +31,7 @@ class OpCounter(TorchDispatchMode):
 
 
 def steady_step_ops(optimizer, params) -> int:
-    """Ops of the second step (the first makes the momentum buffers)."""
+    """Ops of the second step, a steady one (the challenge's Muon makes its momentum buffers at its first)."""
     for _ in range(2):
         for p in params:
             p.grad = torch.randn_like(p)

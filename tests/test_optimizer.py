@@ -1,11 +1,13 @@
 """The optimizer: Muon and its Newton-Schulz orthogonalization, the AdamW groups, the LR and
 momentum schedules, and the EMA of the weights."""
 
+import sys
+
 import pytest
 import torch
 
 import train_gpt as tg
-from conftest import all_on_hp, tiny_hp
+from conftest import ROOT, all_on_hp, tiny_hp
 
 
 def ids(optimizer: torch.optim.Optimizer) -> set[int]:
@@ -311,21 +313,11 @@ def test_the_bank_step_is_the_per_matrix_step(levers, world_size):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops dispatched (each a kernel launch or more on a GPU; a foreach op is one)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_muon_step_dispatches_a_quarter_of_the_per_matrix_ops():
     """At the default run's 54 matrices: the banks' step (4 banks, each one batched Newton-Schulz) against the
-    per-matrix step it replaced (bench/muon_ops.py prints both beside the challenge's)."""
+    per-matrix step it replaced (bench/muon_ops.py prints both beside the challenge's), counted as it counts."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from muon_ops import OpCounter
     counts = []
     for step in (lambda muon: muon.step(), per_matrix_step):
         _, muon = default_shape_muon(0)
