@@ -269,23 +269,28 @@ def default_shape_muon(seed: int, **overrides):
     return model, muon
 
 
+def three_steps(muon: tg.Muon, step) -> tuple[list, list]:
+    """step(muon) 3 times, on the same seeded gradients whichever step it is; the weights and momenta after."""
+    params = muon.param_groups[0]["params"]
+    for i in range(3):
+        torch.manual_seed(i + 1)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        step(muon)
+    return [p.detach().clone() for p in params], [muon.state[p]["momentum_buffer"] for p in params]
+
+
 def banked_steps(levers: dict, rank: int, world_size: int, peer: list) -> tuple[list, list]:
     """3 bank steps on one rank; peer: the other rank's update buffers, a bank's at each all_reduce, which
     all_reduce adds (and a rank run first appends its own to)."""
     _, muon = default_shape_muon(0, **levers)
     muon.layout = tg.Layout(rank=rank, world_size=world_size)
-    params = muon.param_groups[0]["params"]
     real = tg.dist.all_reduce
     tg.dist.all_reduce = lambda updates: updates.add_(peer.pop(0)) if rank == 0 else peer.append(updates.clone())
     try:
-        for i in range(3):
-            torch.manual_seed(i + 1)
-            for p in params:
-                p.grad = torch.randn_like(p)
-            muon.step()
+        return three_steps(muon, tg.Muon.step)
     finally:
         tg.dist.all_reduce = real
-    return [p.detach().clone() for p in params], [muon.state[p]["momentum_buffer"] for p in params]
 
 
 @pytest.mark.parametrize("levers", [{}, dict(muon_row_normalize=True, muon_polar=True, muon_wd=0.05)])
@@ -294,21 +299,15 @@ def test_the_bank_step_is_the_per_matrix_step(levers, world_size):
     """The banks reorder the work, not the maths: momentum buffers bitwise, weights within rounding; on 2 ranks,
     each takes its share of every bank and the sum of the two is the one process's update."""
     _, muon = default_shape_muon(0, **levers)
-    params = muon.param_groups[0]["params"]
-    for i in range(3):
-        torch.manual_seed(i + 1)
-        for p in params:
-            p.grad = torch.randn_like(p)
-        per_matrix_step(muon)
-    reference = [p.detach().clone() for p in params]
+    reference, reference_bufs = three_steps(muon, per_matrix_step)
     peer = []
     if world_size == 2:
         banked_steps(levers, 1, 2, peer)
         assert len(peer) == 3 * 4, "a sum for each of the 4 banks, each step"
     banked, banked_bufs = banked_steps(levers, 0, world_size, peer)
     assert len(banked) == 54
-    for p, a in zip(params, banked_bufs):
-        assert torch.equal(a, muon.state[p]["momentum_buffer"])
+    for a, b in zip(banked_bufs, reference_bufs):
+        assert torch.equal(a, b)
     for a, b in zip(banked, reference):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 

@@ -168,7 +168,7 @@ def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
                      TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=64, TTT_BATCH_SIZE=4)
     for steps, val_every in ((16, 0), (8, 4)):
         env = short_val_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
-                            VAL_LOSS_EVERY=val_every, **lever_env)
+                                 VAL_LOSS_EVERY=val_every, **lever_env)
         env["PYTHONPATH"] = str(ROOT)
         out = subprocess.run([sys.executable, "-c", driver], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
@@ -771,9 +771,9 @@ def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(short_val
                       "import train_gpt as tg\n"
                       "tg.main()\n")
     env = short_val_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
-                        ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
-                        EVAL_STRIDE=32, TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
-                        SLIDING_WINDOW_ENABLED=0)
+                             ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
+                             EVAL_STRIDE=32, TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
+                             SLIDING_WINDOW_ENABLED=0)
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           str(driver)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
