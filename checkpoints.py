@@ -8,7 +8,8 @@ One that cannot be written (a full disk) is a warning, and training goes on: the
 A first SIGTERM or SIGINT finishes the step, checkpoints and exits; a second exits at once.
 
 This module imports nothing of train_gpt.py: the trainer hands the Keeper what it uses of it, and acts on
-what the Keeper returns (the loop state to go on from; after a signal, the checkpoint that resumes the run)."""
+what the Keeper returns (the loop state to go on from; after a signal, the line that names the command which
+resumes the run, from settings.py)."""
 
 import errno
 import hashlib
@@ -32,8 +33,9 @@ MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "n
                         "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
                         "smear_gate_enabled", "bigram_vocab_size", "bigram_dim", "loop_start", "loop_end",
                         "num_loops", "parallel_start_layer", "skip_gates_enabled", "sparse_attn_gate_enabled")
-# The model reads these only to initialize weights, which a resume replaces: they may differ.
-INIT_ONLY_SETTINGS = ("qk_gain_init", "ortho_init", "tied_embed_init_std")
+# The model reads these only at construction, for what a resume replaces or builds anew (the weights' init, the
+# length of RoPE's unsaved table): they may differ.
+INIT_ONLY_SETTINGS = ("qk_gain_init", "ortho_init", "tied_embed_init_std", "train_seq_len")
 
 
 # A checkpoint on ARTIFACT_DIR's disk leaves this much free: the artifact (16,000,000 bytes at most, with its
@@ -184,7 +186,7 @@ class Keeper:
     def save(self, run, optimizers: list, ema, loader, state, signum: int) -> Path | None:
         """Rank 0 writes the checkpoint; then local rank 0 of each node that cannot see it (no shared file
         system) writes a copy. One that cannot be written is a warning. Returns the newest whole checkpoint,
-        which resumes the run (None: there is none)."""
+        which resumes the run (None: there is none); after a signal, it logs the line that names it."""
         layout = run.layout
         root = Path(self.hp.checkpoint_dir) / self.hp.run_id
         folder = root / f"step_{state.step:06d}"
@@ -207,7 +209,10 @@ class Keeper:
         else:
             run.log(f"checkpoint: {folder} step:{state.step} ({why})")
         whole = checkpoint_folders(root)
-        return whole[-1] if whole else None
+        newest = whole[-1] if whole else None
+        if signum:
+            run.log(self.stopped(newest, state.step, signum))
+        return newest
 
     def write(self, folder: Path, run, optimizers: list, ema, loader, state) -> str | None:
         """The checkpoint whole or not at all; returns None, or the warning that says why not."""
@@ -257,6 +262,14 @@ class Keeper:
         return (f"WARNING: checkpoint {folder.name} not written: CHECKPOINT_DIR={self.hp.checkpoint_dir}: "
                 f"{error.strerror}: it needs {needed} bytes{also} and {free} are free; {newest}; free space there "
                 "or set CHECKPOINT_DIR to another disk")
+
+    def stopped(self, newest: Path | None, step: int, signum: int) -> str:
+        """The line of a run that a first SIGTERM or SIGINT checkpointed: the command that resumes it."""
+        environ = {**os.environ, "RESUME": str(newest), "RUN_ID": self.hp.run_id}
+        then = "no checkpoint to resume from"
+        if newest:
+            then = f"resume with: {settings.launch_command(self.hp, environ)}"
+        return f"stopped by {signal.Signals(signum).name} after step:{step}; {then}"
 
     def close(self) -> None:  # training is over: a signal now stops the export, with no checkpoint
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

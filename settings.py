@@ -6,6 +6,8 @@ and so are values the settings alone make impossible. A record folder's copy of 
 without it, unchecked, and its log says so. Checks that need the data, the tokenizer or the number of
 processes stay in the trainer. This module imports nothing of the trainer: it reads train_gpt.py's
 source for the help (and for tools/settings_table.py's table), and is handed the settings it checks.
+It also writes what serves the operator, not the run's result: the log's lines on the versions, the hardware
+and the command that reproduces the run (the resume's command too), and the errors that end a run.
 """
 
 import difflib
@@ -13,6 +15,8 @@ import importlib.util
 import os
 import platform
 import re
+import shlex
+import traceback
 from dataclasses import fields
 from pathlib import Path
 
@@ -44,7 +48,7 @@ INSTEAD = dict(
     GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
     **dict.fromkeys(["TTT_LR", "TTT_MOMENTUM", "TTT_EPOCHS", "TTT_GRAD_CLIP", "TTT_CHUNK_TOKENS",
                      "QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
-                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR"]),
+                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR", "TTT_BETA1"]),
 )
 # Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
 FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
@@ -55,7 +59,7 @@ POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len",
             "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
             "muon_backend_steps", "gptq_calib_seqs", "lqer_rank", "ttt_lora_rank", "ttt_chunk_size",
             "ttt_batch_size")
-FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr", "ttt_beta1", "ttt_beta2")
+FRACTIONS = ("enable_looping_at", "warmdown_frac", "min_lr", "ttt_beta2")
 CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=("auto", "0", "1"),
                matrix_bits=(4, 5, 6, 7, 8), embed_bits=(4, 5, 6, 7, 8), sidecar_bytes=("check", "trust"),
                compressor=("zlib", "brotli", "zpaq"))
@@ -195,8 +199,15 @@ def help_text():
     return "\n".join(f"{name:<27} {default:<13} {meaning}" for name, default, meaning in rows())
 
 
+def describe_run(layout, hp, environ=os.environ) -> list[str]:
+    """The log's lines on what ran where, which the records tools read: versions, hardware and the command."""
+    import torch
+    versions = f"versions: python:{platform.python_version()} torch:{torch.__version__}"
+    return [versions, describe_hardware(layout), f"command: {launch_command(hp, environ)}"]
+
+
 def describe_hardware(layout) -> str:
-    """The log's hardware line, which the records tools read: the GPUs, or the CPU, its cores and threads."""
+    """The GPUs, or the CPU, its cores and threads."""
     import torch
     if layout.cuda:
         return f"hardware: cuda: {layout.world_size}x {torch.cuda.get_device_name(layout.device)}"
@@ -205,3 +216,31 @@ def describe_hardware(layout) -> str:
     cpu = found[0] if found else platform.processor() or platform.machine()
     return (f"hardware: {layout.device.type}: {cpu}, {os.cpu_count()} logical cores, "
             f"{torch.get_num_threads()} torch threads per process x {layout.world_size} processes")
+
+
+def log_failure(path, error, rank, plain) -> None:
+    """Whatever ends a run goes into its log, from any rank: no log just stops. An error of class plain (the
+    trainer's ConfigError) as its message, anything else with its traceback; a SystemExit said why itself."""
+    if path is None or isinstance(error, SystemExit):
+        return
+    text = f"train_gpt.py: error: {error}" if isinstance(error, plain) else traceback.format_exc()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"error: rank {rank}: {text.rstrip()}\n")
+
+
+def setting_names(hp) -> list[str]:
+    """The environment variables of a Hyperparameters (class or instance), in its order."""
+    return [f.name.upper() for f in fields(hp)]
+
+
+def launch_command(hp, environ=os.environ) -> str:
+    """The command that reproduces a run: the settings it set, then the launcher (torchrun's, or python)."""
+    names = setting_names(hp)
+    settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ) if name in names]
+    launcher = "python"
+    if "LOCAL_WORLD_SIZE" in environ:
+        per_node = environ["LOCAL_WORLD_SIZE"]
+        nodes = int(environ["WORLD_SIZE"]) // int(per_node)
+        where = "--standalone" if nodes == 1 else f"--nnodes={nodes} --rdzv_endpoint=<first node>"
+        launcher = f"torchrun {where} --nproc_per_node={per_node}"
+    return " ".join(settings + [f"{launcher} {TRAINER.name}"])

@@ -1,13 +1,13 @@
 """train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
 with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb, on
 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md). Every setting is
-an environment variable named as the field names it; settings.py checks them and makes --help. Rank 0 writes
-logs/<RUN_ID>.txt: this file, versions, hardware, every console line. Checkpoints: checkpoints.py. Cap: 1500."""
+an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file, every console
+line. Beside it, imported when used, what serves the operator: settings.py (the settings' checks, --help, the
+log's description and errors) and checkpoints.py. Cap: 1500 lines."""
 
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import glob
 import hashlib
@@ -16,20 +16,17 @@ import io
 import json
 import math
 import os
-import platform
 import re
-import shlex
 import shutil
-import signal
 import sys
 import time
-import traceback
 import uuid
 import zlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -116,8 +113,7 @@ class Hyperparameters:
     ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the run's score
     ttt_lora_rank: int = 96  # rank of each document's adapters (q, k, v, attention and MLP outputs, head)
     ttt_lora_lr: float = 0.0001  # their AdamW's LR
-    ttt_beta1: float = 0.0  # ... beta1
-    ttt_beta2: float = 0.999  # ... beta2
+    ttt_beta2: float = 0.999  # ... beta2 (beta1: 0, the field's)
     ttt_weight_decay: float = 1.0  # ... decoupled weight decay
     ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of this many tokens
     ttt_batch_size: int = 64  # documents adapted side by side (similar lengths, the longest first)
@@ -144,56 +140,63 @@ class Hyperparameters:
     compile: str = "auto"  # torch.compile: auto (CUDA: on; CPU: off, exact and never slower), 0 or 1
     bf16: str = "auto"  # bf16 autocast and bf16 Muon updates: auto (as COMPILE), 0 or 1
     optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at gradient buckets (the field: off)
+
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
         """The settings environ sets, once settings.py (beside this file) has refused what cannot work."""
-        checks = settings_module()
-        problems = checks.environ_problems(environ, cls()) if checks else []
+        problems = settings_module().environ_problems(environ, cls())
         require(not problems, "\n".join(problems))
         hp = cls(**{f.name: as_setting(environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
         return hp
+
     @property
     def budget_ms(self):  # training's wallclock: the cap less GPTQ's reserve; inf: no cap
-        capped = self.max_wallclock_seconds > 0
-        return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds) if capped else math.inf
+        if self.max_wallclock_seconds <= 0:
+            return math.inf
+        return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds)
+
     @property
     def eval_window(self):
         return self.eval_seq_len or self.train_seq_len
     @property
-    def longest_seq_len(self):  # RoPE's table and the validation split's cut
-        return max(self.train_seq_len, self.eval_seq_len)
-    @property
     def export_tag(self):  # names the artifact and the final lines: final_int6_brotli_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
+
     def windows(self, sliding):
         """(length, stride) of scoring windows: the training length, or the sliding window."""
         if not sliding:
             return self.train_seq_len, self.train_seq_len
         return self.eval_window, self.eval_stride or self.eval_window
+
     def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
         fits = self.grad_accum_steps or 8 % world_size == 0
         require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
         return self.grad_accum_steps or 8 // world_size
+
     def validate(self, world_size=1):
         """Refuse what the settings make impossible (settings.py's checks), and what the processes do."""
-        checks = settings_module()
-        problems = checks.problems(self) if checks else []
+        problems = settings_module().problems(self)
         require(not problems, "\n".join(problems))
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
         batch, val_batch = self.train_batch_tokens, self.val_batch_size
         require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
         require(val_batch >= per_micro, f"VAL_BATCH_SIZE={val_batch}: use at least {per_micro}")
 
-ENV_NAMES = [f.name.upper() for f in fields(Hyperparameters)]
+# settings.py's stand-in for a record folder's copy run alone: it checks nothing; the log and --help say so
+ALONE = "settings.py is not beside this train_gpt.py"
+SKIPPED = f"settings: not checked; versions, hardware, command, errors not logged: {ALONE}"
+UNCHECKED = SimpleNamespace(environ_problems=lambda environ, hp: [], problems=lambda hp: [],
+                            describe_run=lambda layout, hp: [SKIPPED], log_failure=lambda *args: None,
+                            help_text=lambda: f"--help: {ALONE}")
 
 def settings_module():
-    """settings.py, which checks the settings and makes --help, where it sits beside this file; else None."""
+    """settings.py (the checks, --help, the log's description and errors) where it sits beside this file."""
     try:
         return importlib.import_module("settings")
-    except ImportError:  # a record folder's copy, run alone: its log says the settings went unchecked
-        return None
+    except ImportError:
+        return UNCHECKED
 
 def as_setting(text, default):
     """An environment variable's text as its setting's type: bool (1, true), int, float or str."""
@@ -212,9 +215,11 @@ class Layout:
     grad_accum_steps: int = 1
     use_compile: bool = False
     use_bf16: bool = False
+
     @property
     def distributed(self):
         return self.world_size > 1
+
     @property
     def cuda(self):
         return self.device.type == "cuda"
@@ -225,10 +230,10 @@ def pick_device(local_rank, choice="auto"):
     return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 
 def synchronize(device):
-    if device.type == "cuda":  # CPU work is already done when the call returns
+    if device.type == "cuda":
         torch.cuda.synchronize()
 
-def ms_since(t0):  # t0: a time.perf_counter()
+def ms_since(t0):
     return 1000.0 * (time.perf_counter() - t0)
 
 def autocast(layout):
@@ -237,7 +242,7 @@ def autocast(layout):
 # ---- MUON OPTIMIZER ----
 # (a, b, c) per Newton-Schulz step, the last repeated: the quintic (modded-nanogpt); Polar Express (Amsel 2025)
 QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
-POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),  # the field's, in full
+POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
                         (4.042929935166739, -2.808917465908714, 0.5000178451051316),
                         (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
                         (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
@@ -246,7 +251,8 @@ POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.8787699152074
 def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
     """Orthogonalize each matrix of G (..., rows, cols) approximately: X <- aX + (bA + cA^2)X, A = XX^T."""
     X = G.to(dtype)
-    transposed = X.size(-2) > X.size(-1)  # iterate on the wide side: X @ X.T is the smaller Gram matrix
+    # iterate on the wide side: X @ X.T is the smaller Gram matrix
+    transposed = X.size(-2) > X.size(-1)
     X = (X.mT if transposed else X) / (X.norm(dim=(-2, -1), keepdim=True) + eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
@@ -255,28 +261,30 @@ def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coef
     return X.mT if transposed else X
 
 def muon_update(g, hp, dtype):
-    """A bank of Nesterov gradients (n, rows, cols) as Muon's updates, by MUON_ROW_NORMALIZE, MUON_POLAR and
-    MUON_BACKEND_STEPS."""
-    if hp.muon_row_normalize:  # equal-norm rows: no row dominates the orthogonalization (MuonEq-R)
+    """A bank of Nesterov gradients (n, rows, cols) as Muon's updates: rows of equal norm (MuonEq-R), then
+    orthogonalized; tall matrices scaled by sqrt(rows / cols), so their RMS update is comparable."""
+    if hp.muon_row_normalize:
         g = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-7)
     coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
     g = zeropower_via_newtonschulz5(g, hp.muon_backend_steps, dtype=dtype, coeffs=coeffs)
-    return g * max(1.0, g.size(-2) / g.size(-1)) ** 0.5  # tall matrices' RMS update comparable
+    return g * max(1.0, g.size(-2) / g.size(-1)) ** 0.5
 
 class Muon(torch.optim.Optimizer):
     """Nesterov momentum (in the gradients, as modded-nanogpt), then orthogonalized updates of 2-D matrices in
     banks of one shape: each rank takes every world_size-th matrix of a bank, batched, and the ranks sum each
     bank's updates. The momentum buffers are made with the optimizer: a step allocates only its updates."""
+
     def __init__(self, params, hp, layout=Layout()):
         super().__init__(params, dict(lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd))
         self.update_dtype = torch.bfloat16 if layout.use_bf16 else torch.float32
         update = muon_update
-        if layout.use_compile:  # a graph for each bank's shape
+        if layout.use_compile:
             update = torch.compile(muon_update, dynamic=False, fullgraph=True)
-        self.orthogonalize = functools.partial(update, hp=hp, dtype=self.update_dtype)
+        self.orthogonalize = partial(update, hp=hp, dtype=self.update_dtype)
         self.layout = layout
         for p in self.param_groups[0]["params"]:
             self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+
     @torch.no_grad()
     def step(self, closure=None):
         mine = slice(self.layout.rank, None, self.layout.world_size)
@@ -288,27 +296,25 @@ class Muon(torch.optim.Optimizer):
             torch._foreach_mul_(momenta, group["momentum"])
             torch._foreach_add_(momenta, grads)
             torch._foreach_add_(grads, momenta, alpha=group["momentum"])
-            if group["weight_decay"]:  # decoupled: it shrinks the weights, so their compressed size too
+            if group["weight_decay"]:
                 torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
             banks = {}
             for p in params:
                 banks.setdefault(p.shape, []).append(p)
-            # a bank: this rank's matrices orthogonalized in one batch, the others' rows zero until the sum
+            # a bank: this rank's matrices in one batch, the others' rows zero until the ranks sum them
             for bank in banks.values():
                 updates = bank[0].new_zeros(len(bank), *bank[0].shape, dtype=self.update_dtype)
                 if bank[mine]:
                     updates[mine] = self.orthogonalize(torch.stack([p.grad for p in bank[mine]]))
                 if self.layout.distributed:
-                    dist.all_reduce(updates)  # summed
+                    dist.all_reduce(updates)
                 torch._foreach_add_(bank, updates.to(bank[0].dtype).unbind(), alpha=-group["lr"])
 
-class Optimizers(NamedTuple):
-    adam: torch.optim.AdamW  # the embeddings, vectors and control tensors
-    muon: Muon  # the other 2-D matrices
+Optimizers = NamedTuple("Optimizers", [("adam", torch.optim.AdamW), ("muon", Muon)])
 
 def build_optimizers(model, hp, layout):
     """AdamW for the embeddings, vectors and control tensors; Muon for the other 2-D matrices."""
-    embeddings = [model.tok_emb.weight] + ([model.bigram.weight] if model.bigram is not None else [])
+    embeddings = [p for name, p in model.named_parameters() if name in ("tok_emb.weight", "bigram.weight")]
     matrices = []
     scalars = []
     for name, p in model.named_parameters():
@@ -368,15 +374,17 @@ def train_pattern(hp):
 
 class DistributedTokenLoader:
     """The training shards in order, wrapping around; each rank keeps its span (+1) of each global chunk."""
+
     def __init__(self, pattern, rank=0, world_size=1, device=torch.device("cpu")):
         self.shards = load_shards(pattern, "training")
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.position = [0, 0]  # [shard, token]: what a checkpoint saves
+
     def take(self, n):
         chunks = []
-        while n > 0:  # ends: setup() checked that the shards hold tokens
+        while n > 0:
             index, pos = self.position
             chunks.append(self.shards[index][pos:pos + n])
             n -= len(chunks[-1])
@@ -384,12 +392,13 @@ class DistributedTokenLoader:
             if self.position[1] == len(self.shards[index]):
                 self.position = [(index + 1) % len(self.shards), 0]
         return torch.from_numpy(np.concatenate(chunks).astype(np.int32))
+
     def next_batch(self, global_tokens, seq_len, grad_accum_steps) -> tuple[Tensor, Tensor]:
         span = global_tokens // (self.world_size * grad_accum_steps) + 1  # with the last target
         local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(torch.int64)
         if self.device.type == "cuda":
             local = local.pin_memory()  # so the copies below are asynchronous and overlap compute
-        x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)  # (B, T)
+        x = local[:-1].view(-1, seq_len).to(self.device, non_blocking=True)
         y = local[1:].view(-1, seq_len).to(self.device, non_blocking=True)
         return x, y
 
@@ -399,8 +408,8 @@ SPACE = "\u2581"  # SentencePiece's space symbol: one byte of text
 @dataclass
 class Tokenizer:
     """Per-id tables of the text behind each token, and the tokenizer's own decoder."""
-    decode: object  # list[int] -> str
-    piece_bytes: Tensor  # int64 [V]: UTF-8 bytes of the id's text, a space symbol counted as 1; -1: <unk>
+    decode: object
+    piece_bytes: Tensor  # int64 [V]: UTF-8 bytes of the id's text, a space symbol as 1; -1: <unk>
     no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
 
 def read_pieces(path):
@@ -469,7 +478,8 @@ def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
 # (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
 CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
 
-def case_restore(text):  # the original of CaseOps text; text without operators as it is
+def case_restore(text):
+    """The original of CaseOps text; text without operators as it is."""
     return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
 
 @dataclass
@@ -494,7 +504,7 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
     require(len(counted) == len(tokens), f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
     if not (sidecar and hp.sidecar_bytes == "trust"):
         check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
-    seq_len = hp.longest_seq_len
+    seq_len = max(hp.train_seq_len, hp.eval_window)
     usable = ((tokens.numel() - 1) // seq_len) * seq_len
     require(usable > 0 and bool(counted[1:usable + 1].any()), f"DATA_PATH: the validation split {pattern} "
             f"holds {tokens.numel()} tokens ({int(counted.sum())} bytes of text), not one window of "
@@ -521,6 +531,7 @@ LORA_ALPHA = 144.0
 
 class CastedLinear(nn.Linear):
     """fp32 weights for the optimizer; the matmul in the activations' dtype (no layer here has a bias)."""
+
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))
 
@@ -573,17 +584,20 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         # computed once, not inside the kernels; not saved, and not broadcast by DDP
-        cos, sin = rotary_cos_sin(hp.longest_seq_len, hp.rope_dims or self.head_dim, hp.rope_base)
+        longest = max(hp.train_seq_len, hp.eval_window)
+        cos, sin = rotary_cos_sin(longest, hp.rope_dims or self.head_dim, hp.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention's sharpness is learned here, per head
         self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
         self.attn_gate = optional(hp.sparse_attn_gate_enabled, torch.zeros(hp.num_heads, min(GATE_WINDOW, dim)))
+
     def forward(self, x, lora):
         B, T, C = x.shape
         heads = (-1, self.head_dim)
-        q = adapt(self.c_q(x), x, lora.get("q")).unflatten(-1, heads).transpose(1, 2)  # (B, H, T, hd)
-        k = adapt(self.c_k(x), x, lora.get("k")).unflatten(-1, heads).transpose(1, 2)  # (B, Hkv, T, hd)
+        # q (B, H, T, hd); k, v (B, Hkv, T, hd)
+        q = adapt(self.c_q(x), x, lora.get("q")).unflatten(-1, heads).transpose(1, 2)
+        k = adapt(self.c_k(x), x, lora.get("k")).unflatten(-1, heads).transpose(1, 2)
         v = adapt(self.c_v(x), x, lora.get("v")).unflatten(-1, heads).transpose(1, 2)
         cos = self.rope_cos[:, :, :T]
         sin = self.rope_sin[:, :, :T]
@@ -595,28 +609,32 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
         # exclusive self-attention: drop each head's component along its token's own value
         if self.xsa:
-            y = y.unflatten(1, (k.size(1), -1))  # (B, Hkv, H / Hkv, T, hd): query heads by their group
+            # (B, Hkv, H / Hkv, T, hd): query heads by their group
+            y = y.unflatten(1, (k.size(1), -1))
             v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
             y = y.flatten(1, 2)
-        if self.attn_gate is not None:  # each head's output times a gate on the token (the field's)
+        if self.attn_gate is not None:
             gate = input_gate(x, self.attn_gate, ATTN_GATE_SCALE).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 class MLP(nn.Module):
     """leaky_relu(x, slope)^2 between two matrices; slope 0: the challenge's relu^2."""
+
     def __init__(self, dim, mlp_mult, leaky_slope=0.0):
         super().__init__()
         self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
         self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
         nn.init.zeros_(self.proj.weight)
         self.leaky_slope = leaky_slope
+
     def forward(self, x):
         return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())
 
 class Block(nn.Module):
     """Attention then MLP on one residual stream, or on two lanes (PARALLEL_START_LAYER, the field's)."""
+
     def __init__(self, hp, layer):
         super().__init__()
         dim = hp.model_dim
@@ -626,10 +644,12 @@ class Block(nn.Module):
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         # row 0 weighs the residual stream, row 1 the first layer's input (starts as the plain stream)
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
-        self.norm_scale = (layer + 1) ** -0.5 if hp.ln_scale else 1.0  # deeper layers add less (LN scale)
+        # LN_SCALE: the normed inputs times 1 / sqrt(layer + 1), so deeper layers add less; off: times 1
+        self.norm_scale = (layer + 1) ** (-0.5 * hp.ln_scale)
         self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
     def norm(self, x):
-        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
+        return rms_norm(x) * self.norm_scale
+
     def forward(self, lanes, x0, lora):
         """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last, and each lane adds both outputs with
         learned weights; lora: the layer's TTT adapters, by name (the outputs' read the normed inputs)."""
@@ -661,11 +681,11 @@ class GPT(nn.Module):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
-        # ours: a fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb over 3 seeds)
-        buckets = hp.bigram_vocab_size
-        self.bigram = nn.Embedding(buckets, hp.bigram_dim) if buckets else None
-        self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False) if buckets else None
-        if buckets:
+        # BigramHash, ours: fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb, 3 seeds)
+        self.bigram = self.bigram_proj = None
+        if hp.bigram_vocab_size:
+            self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
+            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False)
             nn.init.zeros_(self.bigram.weight)
         # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
         self.smear_lambda = optional(hp.smear_gate_enabled, torch.zeros(1))
@@ -683,19 +703,22 @@ class GPT(nn.Module):
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
         self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
         self.skip_gates = optional(hp.skip_gates_enabled, torch.zeros_like(self.skip_weights))
-        if hp.ortho_init:  # the field's init; output projections stay zero
+        if hp.ortho_init:
             for block in self.blocks:
                 for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
                     nn.init.orthogonal_(linear.weight)
-        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)  # GPTQ hooks its output
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)  # the tied head's too
+        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
+
     def set_looping(self, on):
         """Depth recurrence on or off: the one place the phase changes."""
         self.looping = on
         if hasattr(self, "loop_on"):
             self.loop_on.fill_(int(on))
+
     def layer_order(self):
         return self.looped_order if self.looping else list(range(len(self.blocks)))
+
     def embed(self, idx):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.bigram is not None:
@@ -708,6 +731,7 @@ class GPT(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         return rms_norm(x)
+
     def logits(self, idx, lora=None):
         """(B, T, V); lora: per-document TTT's Adapters."""
         x0 = self.embed(idx)
@@ -719,20 +743,23 @@ class GPT(nn.Module):
         for i, layer in enumerate(order):
             if layer == self.parallel_start_layer and layer > 0 and len(lanes) == 1:
                 lanes = [lanes[0], lanes[0]]
-            if i >= num_encoder and skips:  # U-Net: the deepest encoder output meets the first decoder
+            # U-Net: the deepest encoder output meets the first decoder
+            if i >= num_encoder and skips:
                 lanes[0] = self.add_skip(lanes[0], i - num_encoder, skips.pop())
             lanes = self.blocks[layer](lanes, x0, lora.layers[i])
             if i < num_encoder:
                 skips.append(lanes_mean(lanes))
         x = self.final_norm(lanes_mean(lanes))
-        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()  # the tied head
+        logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+
     def add_skip(self, x, k, skip):
         """x + w * skip, or (SKIP_GATES_ENABLED) lerp(w * skip, x, sigmoid(g))."""
         skip = self.skip_weights[k].to(x.dtype) * skip
         if self.skip_gates is None:
             return x + skip
         return torch.lerp(skip, x, torch.sigmoid(self.skip_gates[k]).to(x.dtype))
+
     def forward(self, idx, targets, reduction="mean", lora=None):
         logits = self.logits(idx, lora)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
@@ -763,7 +790,8 @@ def score(model, val, layout, seq_len, stride):
         batch = ends[i:i + per_batch]
         windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in batch])  # (B, T + 1)
         num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in batch])
-        mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]  # (B, T)
+        # (B, T): the targets each window scores
+        mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]
         windows = windows.to(device, torch.int64)
         with autocast(layout):
             losses = model(windows[:, :-1], windows[:, 1:], reduction="none")
@@ -784,7 +812,7 @@ def lora_ttt(run):
     """Score-first per-document LoRA TTT (the field's): documents in groups of similar length, longest first, the
     ranks taking turns; A carries over to a rank's next group, so the score depends on the number of ranks."""
     hp, layout = run.hp, run.layout
-    val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)  # read row by row
+    val = Validation(run.val.tokens.cpu(), run.val.bytes.cpu(), 0)
     spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
     groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
     run.log(f"ttt: groups:{len(groups)} world_size:{layout.world_size} (A carries over: the score depends on it)")
@@ -831,7 +859,7 @@ def ttt_group(run, val, spans, lora):
     params = tree_leaves(lora)  # A, B of each adapter in turn
     for B in params[1::2]:
         B.detach().zero_()
-    adamw = torch.optim.AdamW(params, lr=hp.ttt_lora_lr, betas=(hp.ttt_beta1, hp.ttt_beta2), eps=1e-10,
+    adamw = torch.optim.AdamW(params, lr=hp.ttt_lora_lr, betas=(0.0, hp.ttt_beta2), eps=1e-10,
                               weight_decay=hp.ttt_weight_decay, fused=layout.cuda)
     run.model.requires_grad_(False)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
@@ -881,11 +909,8 @@ def quant_spec(name, hp):
         return hp.embed_bits, hp.embed_clip_sigmas
     if name.endswith("attn_gate"):
         return 8, 0.0
-    kind = 0.0
-    if ".attn." in name:
-        kind = hp.attn_clip_sigmas
-    elif ".mlp." in name:
-        kind = hp.mlp_clip_sigmas
+    by_kind = {".attn.": hp.attn_clip_sigmas, ".mlp.": hp.mlp_clip_sigmas}
+    kind = next((sigmas for key, sigmas in by_kind.items() if key in name), 0.0)
     return hp.matrix_bits, kind or hp.matrix_clip_sigmas
 
 def int_rows(x, steps, low, high):
@@ -904,7 +929,7 @@ def quantize_rows(w, bits, sigmas=0.0):
         clips = [sigmas * w.std(dim=1, keepdim=True)]
     else:
         absmax = w.abs().amax(dim=1, keepdim=True)  # (R, 1)
-        clips = [absmax * f for f in CLIP_FRACTIONS]  # float fractions: no host-to-device copy
+        clips = [absmax * f for f in CLIP_FRACTIONS]
     return int_rows(w, torch.stack(clips) / qmax, -qmax, qmax)
 
 def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
@@ -962,7 +987,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
             else:
                 q, scale = quantize_rows(tensor.float(), bits, sigmas)
             ints[name] = q.to(torch.int8)
-            scales[name] = stored = scale.half()  # a scale beyond fp16's range is inf
+            scales[name] = stored = scale.half()
         finite = torch.isfinite(tensor).all() and torch.isfinite(stored).all()
         require(bool(finite), f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond "
                 "fp16's 65504 in its stored form; no artifact can hold this model: lower the learning rates")
@@ -971,7 +996,8 @@ def quantize_state_dict(state_dict, hp, hessians=None):
                   for name, q in ints.items()}
         for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:
             for part, (bits, x) in lqer_factors(errors[name], hp.lqer_rank).items():
-                top = 2 ** (bits - 1)  # asymmetric: [-top, top - 1], absmax / 1.5 (int2), / 7.5 (int4)
+                # asymmetric: [-top, top - 1], absmax / 1.5 (int2), / 7.5 (int4)
+                top = 2 ** (bits - 1)
                 step = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(max=65504.0)
                 q, scale = int_rows(x, step[None], -top, top - 1)
                 ints[f"{name}.lqer_{part}"] = q.to(torch.int8)
@@ -981,7 +1007,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
 def dequantize_state_dict(obj):
     """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in its dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
-    for name in [name for name in weights if name.endswith(".lqer_a")]:  # + A B, LQER's correction
+    for name in [name for name in weights if name.endswith(".lqer_a")]:
         W = weights[name.removesuffix(".lqer_a")]
         A = weights.pop(name).view(len(W), -1)
         B = weights.pop(name[:-1] + "b").flatten()
@@ -999,10 +1025,11 @@ def save_artifact(state_dict, path, hp, hessians=None):
     compress = COMPRESSORS[hp.compressor][0]
     blob = compress(buffer.getvalue())
     if path is not None:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes sharing the folder rename their own
+        # nodes sharing the folder rename their own; a full disk: one line, and no partial file left on it
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_bytes(blob)
-        except OSError as e:  # a full disk: one line, and no partial file left on it
+        except OSError as e:
             tmp.unlink(missing_ok=True)
             free = shutil.disk_usage(path.parent).free
             raise ConfigError(f"ARTIFACT_DIR={path.parent}: {e.strerror}: the artifact needs {len(blob)} "
@@ -1023,7 +1050,7 @@ def calibrate(run, loader):
     """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
-    seqs = max(1, hp.gptq_calib_seqs // layout.world_size)  # this rank's
+    seqs = max(1, hp.gptq_calib_seqs // layout.world_size)
     tokens = loader.take(seqs * layout.world_size * hp.train_seq_len).to(layout.device, torch.int64)
     # the ranks split what one process would read, so they see the same rows
     x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]
@@ -1043,7 +1070,7 @@ def calibrate(run, loader):
         hook.remove()
     for H in hessians.values() if layout.distributed else []:
         dist.all_reduce(H)
-    synchronize(layout.device)  # the clock reads the work done, not the work queued
+    synchronize(layout.device)
     ms = ms_since(t0)
     run.log(f"gptq: matrices:{len(hessians)} calib:train sequences:{seqs * layout.world_size} "
             f"calibration_time:{ms:.0f}ms reserved:{1000 * hp.gptq_reserve_seconds:.0f}ms")
@@ -1055,14 +1082,15 @@ def export(run, hessians=None):
     t0 = time.perf_counter()
     path = Path(hp.artifact_dir) / f"{hp.run_id}_model.{hp.export_tag}.ptz"
     blob = save_artifact(run.model.state_dict(), path if run.layout.local_rank == 0 else None, hp, hessians)
-    code = run.source  # PACK_CODE=1: what a record folder holds, packed by tools/packing.py
+    code = run.source
+    packed = ""
     if hp.pack_code:
         code = importlib.import_module("tools.packing").pack_source(code)
+        packed = f" (packed from {len(run.source)}: PACK_CODE=1)"
     total = len(code) + len(blob)
     ms = ms_since(t0)
     name = hp.export_tag.replace("_", "+")
     log(f"Serialized model {name}: {len(blob)} bytes")
-    packed = f" (packed from {len(run.source)}: PACK_CODE=1)" if code != run.source else ""
     log(f"Code size: {len(code)} bytes{packed}")
     log(f"Total submission size {name}: {total} bytes")
     log(f"artifact: {path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()} "
@@ -1120,7 +1148,7 @@ def final_passes(run):
     log(total)
 
 # ---- TRAINING ----
-def training_progress(step, elapsed_ms, hp):  # budget spent, 0..1
+def training_progress(step, elapsed_ms, hp):
     return max(step / max(hp.iterations, 1), elapsed_ms / hp.budget_ms)
 
 def lr_schedule(step, elapsed_ms, hp):
@@ -1129,31 +1157,31 @@ def lr_schedule(step, elapsed_ms, hp):
     if hp.warmdown_frac > 0:
         left = max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac
         return max(min(1.0, left), hp.min_lr)
-    left = 1.0
-    if hp.warmdown_iters > 0:
-        left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
+    left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters) if hp.warmdown_iters > 0 else 1.0
     if hp.budget_ms < math.inf:
         warmdown_ms = max(hp.warmdown_iters * elapsed_ms / max(step, 1), 1e-9)
         left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
     return max(left, hp.min_lr)
 
 def muon_momentum(step, hp):
-    frac = 1.0
-    if hp.muon_momentum_warmup_steps > 0:
-        frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
+    warmup = hp.muon_momentum_warmup_steps
+    frac = min(step / warmup, 1.0) if warmup > 0 else 1.0
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
 
-def looping_at(progress, hp):  # progress: the spent fraction of the budget
+def looping_at(progress, hp):
     return hp.num_loops > 0 and hp.enable_looping_at < 1.0 and progress >= hp.enable_looping_at
 
 class EMA:
     """The weights' moving average (EMA_DECAY; 0: off, a no-op): it validates and exports (swap())."""
+
     def __init__(self, model, decay):
         self.decay = decay
         self.params = [p.detach().clone() for p in model.parameters()] if decay > 0 else None
-    def update(self, model):  # on detached tensors: no graph
+
+    def update(self, model):
         if self.params is not None:
             torch._foreach_lerp_(self.params, [p.detach() for p in model.parameters()], 1.0 - self.decay)
+
     def swap(self, model):
         if self.params is None:
             return
@@ -1195,7 +1223,7 @@ def warmup(run, optimizers):
     t0 = time.perf_counter()
     # off, then on from ENABLE_LOOPING_AT; one of them only without loops, or with them on from the start
     phases = sorted({looping_at(0.0, hp), looping_at(hp.enable_looping_at, hp)})
-    initial = [{name: t.to("cpu", copy=True) for name, t in model.state_dict().items()}]  # on the host
+    initial = [{name: t.to("cpu", copy=True) for name, t in model.state_dict().items()}]
     initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     for step in range(hp.warmup_steps):
@@ -1215,18 +1243,25 @@ class LoopState:
     step: int = 0
     training_time_ms: float = 0.0
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
-    def ended(self, hp):  # the step cap, or the time budget spent
+
+    def ended(self, hp):
         return self.step >= hp.iterations or self.elapsed_ms >= hp.budget_ms
+
     def start_clock(self, device):
         synchronize(device)
         self.device = device
         self.t0 = time.perf_counter()
+
     def clock_ms(self):  # not synchronized: the step's work may still be queued
         return self.training_time_ms + ms_since(self.t0)
+
     @contextmanager
-    def paused(self):
+    def paused(self, seen, layout):
+        """The clock stopped and the device done: the flag of the losses seen is exact, and no validation,
+        checkpoint or export follows a bad loss."""
         synchronize(self.device)
         self.training_time_ms += ms_since(self.t0)
+        check_finite(agree([float(not np.isfinite(seen))], layout)[0], self.step)
         yield
         self.start_clock(self.device)
 
@@ -1234,21 +1269,14 @@ def agree(values, layout):
     """The max over ranks of host values, read back (as the challenge's stop): one process reads no device."""
     if not layout.distributed:
         return values
-    agreed = np.array(values, dtype=np.float64)  # on the host: gloo reduces it, NCCL's device waits for nothing
+    # on the host: gloo reduces it, and NCCL's device waits for nothing
+    agreed = np.array(values, dtype=np.float64)
     dist.all_reduce(torch.from_numpy(agreed), op=dist.ReduceOp.MAX)
     return agreed.tolist()
 
 def check_finite(diverged, step):
     require(not diverged, f"training diverged: train_loss was not finite by step:{step}; lower MATRIX_LR "
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
-
-def stop_after_signal(run, newest, state, signum):
-    """A first SIGTERM or SIGINT has checkpointed the run: it stops, naming the command that resumes it."""
-    environ = {**os.environ, "RESUME": str(newest), "RUN_ID": run.hp.run_id}
-    then = f"resume with: {launch_command(environ)}" if newest else "no checkpoint to resume from"
-    run.log(f"stopped by {signal.Signals(signum).name} after step:{state.step}; {then}")
-    shutdown(run)
-    sys.exit(128 + signum)
 
 def log_step(run, state, loss):
     hp = run.hp
@@ -1259,14 +1287,6 @@ def log_step(run, state, loss):
     run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
             f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
 
-def log_validation(run, state):
-    hp = run.hp
-    sums = score(run.scorer, run.val, run.layout, *hp.windows(False))
-    val_loss, val_bpb = metrics(sums)
-    spent = state.training_time_ms
-    run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
-            f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
-
 def train(run, optimizers, ema):
     """Validate, step, log, agree, switch the loop phase, checkpoint; returns GPTQ's loader. A steady step on one
     process reads nothing of the device: the host queues the next one while the device runs this one."""
@@ -1274,8 +1294,7 @@ def train(run, optimizers, ema):
     loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     saved = keeper.restore(run, optimizers, ema, loader) if keeper else {}
     state = LoopState(**{f.name: saved.get(f.name, f.default) for f in fields(LoopState)})
-    # the device copies each loss to pinned memory; the host reads it a step or two late, without waiting (exact
-    # once synchronized): a non-finite loss makes every later one so
+    # the host reads each loss a step or two late from pinned memory, never waiting; a NaN makes all later ones so
     last_loss = torch.zeros((), pin_memory=layout.cuda)
     seen = last_loss.numpy()
     first_step = state.step
@@ -1284,11 +1303,12 @@ def train(run, optimizers, ema):
         every = hp.val_loss_every
         due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
         if due or state.ended(hp):
-            # the device is done: the flag is exact, and no export follows a bad loss
-            with state.paused():
-                check_finite(agree([float(not np.isfinite(seen))], layout)[0], state.step)
+            with state.paused(seen, layout):
                 ema.swap(model)  # scored: the weights that will be exported
-                log_validation(run, state)
+                val_loss, val_bpb = metrics(score(run.scorer, run.val, layout, *hp.windows(False)))
+                spent = state.training_time_ms
+                run.log(f"step:{state.step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+                        f"train_time:{spent:.0f}ms step_avg:{spent / max(state.step, 1):.2f}ms")
                 ema.swap(model)
         if state.ended(hp):
             break
@@ -1311,11 +1331,11 @@ def train(run, optimizers, ema):
             model.set_looping(looping)
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
         if keeper and keeper.due(state, int(signum)):
-            with state.paused():
-                check_finite(agree([float(not np.isfinite(seen))], layout)[0], state.step)
-                newest = keeper.save(run, optimizers, ema, loader, state, int(signum))
+            with state.paused(seen, layout):
+                keeper.save(run, optimizers, ema, loader, state, int(signum))
             if signum:
-                stop_after_signal(run, newest, state, int(signum))
+                shutdown(run)
+                sys.exit(128 + int(signum))
     if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
         spent = state.training_time_ms
         run.log(f"stopping_early: wallclock_cap train_time:{spent:.0f}ms step:{state.step}/{hp.iterations}")
@@ -1328,45 +1348,29 @@ def train(run, optimizers, ema):
 class RunLog:
     """Console lines from rank 0, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's own source."""
     path: Path | None = None  # None: lines go nowhere (tests, tools)
-    is_main: bool = True  # the other ranks write only their errors
-    def write_header(self, run, command):
+    is_main: bool = True
+
+    def write_header(self, run, description):
+        """The source, what ran where (settings.py's lines), the settings and the layout; a resume continues
+        its own run's log (setup() let it through) with all but the source."""
         digest = hashlib.sha256(run.source).hexdigest()
-        with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
-            f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
-            f.write(run.source + b"\n==== end of source ====\n")
-        self(f"versions: python:{platform.python_version()} torch:{torch.__version__}", console=False)
-        if checks := settings_module():  # a record folder's copy without it says so
-            self(checks.describe_hardware(run.layout), console=False)
-        self(f"command: {command}")
+        if not self.path.exists():
+            with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
+                f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
+                f.write(run.source + b"\n==== end of source ====\n")
+        for line in description:
+            self(line)
         self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
         layout = run.layout
         self(f"world_size:{layout.world_size} grad_accum_steps:{layout.grad_accum_steps} "
              f"device:{layout.device.type} compile:{layout.use_compile} bf16:{layout.use_bf16}")
-    def __call__(self, message, console=True):
+
+    def __call__(self, message):
         if self.path is None or not self.is_main:
             return
-        if console:
-            print(message, flush=True)
+        print(message, flush=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(message + "\n")
-    def failure(self, error, rank):
-        """Whatever ends a run goes into the log with its traceback, from any rank: no log just stops."""
-        if self.path is None or isinstance(error, SystemExit):  # SystemExit: a stop that said why
-            return
-        text = f"train_gpt.py: error: {error}" if isinstance(error, ConfigError) else traceback.format_exc()
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"error: rank {rank}: {text.rstrip()}\n")
-
-def launch_command(environ=os.environ):
-    """The command that reproduces this run: the settings it set, then the launcher."""
-    settings = [f"{name}={shlex.quote(environ[name])}" for name in sorted(environ) if name in ENV_NAMES]
-    launcher = "python"
-    if "LOCAL_WORLD_SIZE" in environ:  # torchrun's
-        per_node = environ["LOCAL_WORLD_SIZE"]
-        nodes = int(environ["WORLD_SIZE"]) // int(per_node)
-        where = "--standalone" if nodes == 1 else f"--nnodes={nodes} --rdzv_endpoint=<first node>"
-        launcher = f"torchrun {where} --nproc_per_node={per_node}"
-    return " ".join(settings + [f"{launcher} {Path(__file__).name}"])
 
 @dataclass
 class Run:
@@ -1374,8 +1378,8 @@ class Run:
     hp: Hyperparameters
     layout: Layout
     val: Validation
-    source: bytes  # this file: logged, and counted as the code
-    keeper: object = None  # checkpoints.Keeper with SAVE_EVERY or RESUME
+    source: bytes
+    keeper: object = None
     log: RunLog = field(default_factory=RunLog)
     model: GPT | None = None  # the plain module: its weights are trained and exported
     scorer: nn.Module | None = None  # the same weights, compiled on CUDA: what evaluates
@@ -1388,7 +1392,7 @@ def setup(environ=os.environ) -> Run:
     local_rank = int(environ.get("LOCAL_RANK", 0))
     hp = Hyperparameters.from_env(environ, world_size)
     device = pick_device(local_rank, hp.device)
-    def on(mode):  # COMPILE and BF16: auto is on for CUDA only
+    def on(mode):
         return device.type == "cuda" if mode == "auto" else mode == "1"
     layout = Layout(rank, world_size, local_rank, device, hp.micro_steps(world_size),
                     use_compile=on(hp.compile), use_bf16=on(hp.bf16))
@@ -1398,10 +1402,12 @@ def setup(environ=os.environ) -> Run:
     require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
     tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
     shards = load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
-    val = load_validation(hp, tokenizer, (rank, world_size), device)  # each rank checks its documents
-    source = Path(__file__).read_bytes()  # read once: the logged and the counted code are the same bytes
+    val = load_validation(hp, tokenizer, (rank, world_size), device)
+    # read once: the logged and the counted code are the same bytes
+    source = Path(__file__).read_bytes()
     keeper = None
-    if hp.save_every or hp.resume:  # what a record never does lives beside this file, handed what it uses
+    # what a record never does lives beside this file, handed what it uses
+    if hp.save_every or hp.resume:
         keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError)
     log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
     if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
@@ -1419,8 +1425,9 @@ def start(run):
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit only: math for fp32
     run_id = [hp.run_id or str(uuid.uuid4())]
-    if layout.distributed:  # every rank must name the same log and artifact
-        backend = "cuda:nccl,cpu:gloo" if layout.cuda else "gloo"  # host tensors (agree()) through gloo
+    # every rank must name the same log and artifact; host tensors (agree()) go through gloo
+    if layout.distributed:
+        backend = "cuda:nccl,cpu:gloo" if layout.cuda else "gloo"
         dist.init_process_group(backend=backend, device_id=layout.device if layout.cuda else None)
         dist.broadcast_object_list(run_id, src=0)
     hp.run_id = run_id[0]
@@ -1428,12 +1435,7 @@ def start(run):
     run.log = RunLog(Path(hp.artifact_dir) / f"{hp.run_id}.txt", layout.rank == 0)
     if layout.rank != 0:
         return
-    if run.log.path.exists():  # setup() let it through: a resume continues its own run's log
-        run.log(f"command: {launch_command()}")
-    else:
-        run.log.write_header(run, launch_command())
-    if settings_module() is None:
-        run.log("settings: not checked, hardware not described: settings.py is not beside this train_gpt.py")
+    run.log.write_header(run, settings_module().describe_run(layout, hp))
     print(f"logfile: {run.log.path}")
 
 def build_model(run):
@@ -1473,11 +1475,11 @@ def main():
         ema.swap(run.model)  # calibration and export see the weights the last validation scored
         hessians = calibrate(run, loader) if hp.gptq else None
         blob = export(run, hessians)
-        run.model.load_state_dict(load_artifact(blob), strict=True)  # the weights the final passes score
+        run.model.load_state_dict(load_artifact(blob), strict=True)
         final_passes(run)
         shutdown(run)
     except BaseException as error:
-        run.log.failure(error, layout.rank)
+        settings_module().log_failure(run.log.path, error, layout.rank, ConfigError)
         raise
 
 def shutdown(run):
@@ -1488,9 +1490,8 @@ def shutdown(run):
         dist.destroy_process_group()
 
 if __name__ == "__main__":
-    if {"-h", "--help"} & set(sys.argv[1:]):  # every setting is an environment variable; no arguments
-        checks = settings_module()  # a record folder's copy has none
-        print(checks.help_text() if checks else "train_gpt.py --help: settings.py lists the settings")
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(settings_module().help_text())
         sys.exit(0)
     try:
         main()

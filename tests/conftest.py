@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import settings  # noqa: E402
 import train_gpt as tg  # noqa: E402
 from data.shards import write_datafile  # noqa: E402
 
@@ -143,7 +144,7 @@ class TinyData:
 
 
 def _hparam_names() -> set[str]:
-    return set(tg.ENV_NAMES)
+    return set(settings.setting_names(tg.Hyperparameters))
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import torch
 
 import checkpoints
 import train_gpt as tg
+import settings
 from conftest import EVERY_LEVER, ROOT, as_env, new_keeper, run_trainer
 from data.shards import read_datafile, write_datafile
 
@@ -464,7 +465,7 @@ def cli(env: dict, cwd, monkeypatch):
     """`python train_gpt.py` in this process (its __main__ block as written): the SystemExit
     code. Any other exception escapes, and is the traceback a user would have seen."""
     monkeypatch.chdir(cwd)
-    for name in tg.ENV_NAMES:
+    for name in settings.setting_names(tg.Hyperparameters):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, str(value))

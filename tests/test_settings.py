@@ -117,7 +117,7 @@ def test_old_and_retired_names_are_refused_with_what_to_use():
     """Every name in INSTEAD is refused before any work, with ours for it (a real setting) or
     "retired"; none of them is still a setting, which would shadow the refusal. (At 0: the
     baseline's TIE_EMBEDDINGS=1 is what this file does, and passes.)"""
-    assert not set(settings.INSTEAD) & set(tg.ENV_NAMES)
+    assert not set(settings.INSTEAD) & set(settings.setting_names(tg.Hyperparameters))
     for name, ours in settings.INSTEAD.items():
         with pytest.raises(tg.ConfigError) as e:
             tg.Hyperparameters.from_env({name: "0"})
@@ -127,7 +127,7 @@ def test_old_and_retired_names_are_refused_with_what_to_use():
             assert line.startswith("retired"), line
         else:
             assert line == f"use {ours}"
-            assert ours.split()[0] in tg.ENV_NAMES, f"{name}: INSTEAD names {ours}, not a setting"
+            assert ours.split()[0] in settings.setting_names(tg.Hyperparameters), f"{name}: INSTEAD names {ours}, not a setting"
 
 
 # The best entry's (1.0611) logged command, its environment as its README gives it
@@ -234,7 +234,8 @@ def test_a_copy_without_settings_py_runs_unchecked_and_its_log_says_so(tiny_data
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     log = (tmp_path / "logs" / "alone.txt").read_text()
-    assert "settings: not checked, hardware not described: settings.py is not beside this train_gpt.py" in log
+    assert ("settings: not checked; versions, hardware, command, errors not logged: settings.py is not beside "
+            "this train_gpt.py") in log
     assert "final_int8_zlib_roundtrip_exact" in log, "the typo NUM_LAYER went unrefused, as the line warns"
     with pytest.raises(tg.ConfigError, match="NUM_LAYER=3: not a setting"):
         tg.Hyperparameters.from_env({"NUM_LAYER": "3"})
@@ -264,7 +265,7 @@ def test_help_prints_every_setting_with_its_default_from_the_code():
     assert out.returncode == 0, out.stderr
     assert not (ROOT / "logs" / "--help.txt").exists()
     lines = {line.split()[0]: line for line in out.stdout.splitlines()}
-    assert list(lines) == tg.ENV_NAMES
+    assert list(lines) == settings.setting_names(tg.Hyperparameters)
     defaults = tg.Hyperparameters()
     for name, line in lines.items():
         shown = line.split()[1].strip('"')
@@ -278,7 +279,7 @@ def test_settings_page_lists_every_setting():
     """DOCS CHECK (a failure here is the page's, not the trainer's): docs/SETTINGS.md's table is the one
     tools/settings_table.py makes from Hyperparameters, row for row (its --write docs/SETTINGS.md mends it)."""
     page = (ROOT / "docs" / "SETTINGS.md").read_text()
-    missing = [name for name in tg.ENV_NAMES if f"`{name}`" not in page]
+    missing = [name for name in settings.setting_names(tg.Hyperparameters) if f"`{name}`" not in page]
     assert not missing, f"docs/SETTINGS.md's table lacks {missing}"
     stale = [row for row in settings_table.table().splitlines() if row not in page.splitlines()]
     assert not stale, f"docs/SETTINGS.md's table differs from the code in: {stale}"

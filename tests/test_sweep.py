@@ -182,9 +182,10 @@ def test_summarize_groups_logs_it_did_not_launch(fake_trainer, tmp_path, capsys)
 
 def test_a_sweep_of_the_real_trainer(tiny_data, tmp_path, capsys, monkeypatch):
     """One real tiny train_gpt.py run through the sweep: its log is what the table reads."""
+    import settings
     import train_gpt
 
-    for name in train_gpt.ENV_NAMES:
+    for name in settings.setting_names(train_gpt.Hyperparameters):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # the run's cwd: nothing lands in the repository
     base = {**TINY_RUN_ENV, **CPU_PINNED, "DATA_PATH": tiny_data.data_path, "TOKENIZER_PATH": tiny_data.tokenizer_path,
