@@ -1,9 +1,9 @@
 """train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
 with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb, on
 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md). Every setting is
-an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file, every console
-line. Beside it, imported when used, what serves the operator: settings.py (the settings' checks, --help, the
-log's description and errors) and checkpoints.py. Cap: 1500 lines."""
+an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file,
+every console line. Beside it, imported when used, for the operator: settings.py (the settings'
+checks, --help, the log's description and errors) and checkpoints.py. Cap: 1500 lines."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def require(ok, message):
 
 @dataclass
 class Hyperparameters:
-    """Every setting; its environment variable is its name in upper case. --help prints each comment."""
+    """Each setting; its environment variable is its upper-case name. --help prints each comment."""
     data_path: str = "./data/datasets/fineweb10B_sp1024"  # folder of fineweb_{train,val}_*.bin shards
     tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"  # SentencePiece .model or byte .json
     run_id: str = ""  # names the log, the artifact and the checkpoints; empty: a random uuid
@@ -57,14 +57,14 @@ class Hyperparameters:
     val_loss_every: int = 1000  # validate every N steps; 0: only at the end
     train_log_every: int = 200  # a step line every N steps (and the first 10)
     iterations: int = 20_000  # step cap
-    warmdown_iters: int = 1200  # LR to 0 over the last N steps (or N x step time under a wallclock cap)
-    warmdown_frac: float = 0.0  # ... over this fraction of the step or time budget instead; 0: by steps
+    warmdown_iters: int = 1200  # LR to 0 in the last N steps (N x step time under a wallclock cap)
+    warmdown_frac: float = 0.0  # ... or in this fraction of the step or time budget; 0: by steps
     min_lr: float = 0.0  # a floor under the LR multiplier
     warmup_steps: int = 20  # compile-priming steps, undone before training
     train_batch_tokens: int = 524_288  # tokens per optimizer step, over all ranks
     train_seq_len: int = 1024  # training (and plain validation) sequence length
     max_wallclock_seconds: float = 600.0  # training-time cap; 0: none
-    grad_accum_steps: int = 0  # micro-steps per step; 0: 8 // world size (1 and 8 GPUs: the same step)
+    grad_accum_steps: int = 0  # micro-steps per step; 0: 8 // world size (1 and 8 GPUs: same step)
     vocab_size: int = 1024  # must equal the tokenizer's
     num_layers: int = 9  # blocks; the first half feed U-Net skips into the second
     num_kv_heads: int = 4  # key/value heads (GQA)
@@ -74,21 +74,21 @@ class Hyperparameters:
     rope_base: float = 10_000.0  # RoPE frequency base
     logit_softcap: float = 30.0  # tanh cap on the logits
     qk_gain_init: float = 1.5  # initial per-head gain on the RMS-normed queries
-    mlp_leaky_slope: float = 0.0  # MLP activation leaky_relu(x, slope)^2; 0: relu^2 (the field: 0.5)
+    mlp_leaky_slope: float = 0.0  # MLP: leaky_relu(x, slope)^2; 0: relu^2 (the field: 0.5)
     rope_dims: int = 0  # rotate only the first N dims of each head (partial RoPE); 0: all
     ln_scale: bool = False  # scale each block's normed inputs by 1/sqrt(layer index + 1)
     xsa_last_n: int = 0  # exclusive self-attention in the last N layers
-    smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, never across BOS
+    smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, not across BOS
     bigram_vocab_size: int = 0  # rows of a hashed (previous, current) token-pair embedding; 0: off
     bigram_dim: int = 128  # its width (projected to MODEL_DIM)
     num_loops: int = 0  # depth recurrence: extra passes over LOOP_START..LOOP_END; 0: off
     loop_start: int = 0  # the first of the looped layers
     loop_end: int = 0  # the last of them (inclusive)
     enable_looping_at: float = 0.5  # the fraction of the step or time budget from which they loop
-    parallel_start_layer: int = 0  # from this layer on, two residual lanes (attention | MLP); 0: off
-    skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g zero-initialized
-    sparse_attn_gate_enabled: bool = False  # each head's output times sigmoid(0.5 w_h . x[:12]), w zero
-    ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections stay zero)
+    parallel_start_layer: int = 0  # from this layer, two residual lanes (attention | MLP); 0: off
+    skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g = 0 at init
+    sparse_attn_gate_enabled: bool = False  # head h's output * sigmoid(0.5 w_h . x[:12]), w zero
+    ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections: zero)
     tied_embed_lr: float = 0.05  # Adam LR of the tied embedding
     tied_embed_init_std: float = 0.005  # init std of the tied embedding
     matrix_lr: float = 0.04  # Muon LR of the block matrices
@@ -98,7 +98,7 @@ class Hyperparameters:
     muon_momentum_warmup_start: float = 0.85  # Muon momentum at step 0
     muon_momentum_warmup_steps: int = 500  # steps of linear momentum warmup
     muon_row_normalize: bool = False  # equal-norm rows before orthogonalizing (MuonEq-R)
-    muon_polar: bool = False  # Polar Express per-iteration coefficients instead of the fixed quintic
+    muon_polar: bool = False  # Polar Express per-iteration coefficients, not the fixed quintic
     beta1: float = 0.9  # Adam beta1
     beta2: float = 0.95  # Adam beta2
     adam_eps: float = 1e-8  # Adam epsilon
@@ -109,13 +109,13 @@ class Hyperparameters:
     ema_decay: float = 0.0  # the EMA of the weights is what validates and exports; 0: off
     eval_seq_len: int = 0  # the sliding window's length; 0: TRAIN_SEQ_LEN
     eval_stride: int = 0  # sliding evaluation: each window scores its last STRIDE tokens; 0: off
-    sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: not when TTT scores the run
-    ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the run's score
-    ttt_lora_rank: int = 96  # rank of each document's adapters (q, k, v, attention and MLP outputs, head)
+    sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: off if TTT scores
+    ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the score
+    ttt_lora_rank: int = 96  # rank of a document's adapters (q, k, v, attention/MLP outputs, head)
     ttt_lora_lr: float = 0.0001  # their AdamW's LR
     ttt_beta2: float = 0.999  # ... beta2 (beta1: 0, the field's)
     ttt_weight_decay: float = 1.0  # ... decoupled weight decay
-    ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of this many tokens
+    ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of N tokens
     ttt_batch_size: int = 64  # documents adapted side by side (similar lengths, the longest first)
     matrix_bits: int = 8  # width of the block matrices' integers: 4 to 8 bits, a byte each
     embed_bits: int = 8  # ... of the token embedding's
@@ -128,22 +128,22 @@ class Hyperparameters:
     lqer_top_k: int = 3  # ... for the matrices whose error is largest
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
     gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
-    gptq_reserve_seconds: float = 0.0  # taken from MAX_WALLCLOCK_SECONDS to calibrate on training data
+    gptq_reserve_seconds: float = 0.0  # from MAX_WALLCLOCK_SECONDS, to calibrate on training data
     compressor: str = "zlib"  # zlib, brotli or zpaq (the smallest and by far the slowest)
-    pack_code: bool = False  # count the code packed (minified, lzma, base85), as a record folder holds it
-    sidecar_bytes: str = "check"  # a byte sidecar must match the decoded text; trust: unchecked, as the field
-    save_every: int = 0  # checkpoint every N steps and at the end; a first SIGTERM/SIGINT checkpoints too
+    pack_code: bool = False  # count the code packed (minified, lzma, base85), as in a record folder
+    sidecar_bytes: str = "check"  # sidecar must match decoded text; trust: unchecked, as the field
+    save_every: int = 0  # checkpoint every N steps, at the end and on a first SIGTERM/SIGINT
     keep_checkpoints: int = 3  # keep the newest K checkpoints; 0: all
     checkpoint_dir: str = "checkpoints"  # checkpoints go to CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/
     resume: str = ""  # a checkpoint folder, or latest: the newest of RUN_ID
     device: str = "auto"  # auto: CUDA if there is one, else the CPU; or cuda, cpu
-    compile: str = "auto"  # torch.compile: auto (CUDA: on; CPU: off, exact and never slower), 0 or 1
+    compile: str = "auto"  # torch.compile: auto (CUDA: on; CPU: off, exact, never slower), 0 or 1
     bf16: str = "auto"  # bf16 autocast and bf16 Muon updates: auto (as COMPILE), 0 or 1
-    optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at gradient buckets (the field: off)
+    optimize_ddp: bool = True  # dynamo's DDPOptimizer: graph split at grad buckets (the field: off)
 
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
-        """The settings environ sets, once settings.py (beside this file) has refused what cannot work."""
+        """The settings in environ, once settings.py (beside this file) refused what cannot work."""
         problems = settings_module().environ_problems(environ, cls())
         require(not problems, "\n".join(problems))
         hp = cls(**{f.name: as_setting(environ[f.name.upper()], f.default)
@@ -176,7 +176,7 @@ class Hyperparameters:
         return self.grad_accum_steps or 8 // world_size
 
     def validate(self, world_size=1):
-        """Refuse what the settings make impossible (settings.py's checks), and what the processes do."""
+        """Refuse what the settings rule out (settings.py's checks), and what the processes do."""
         problems = settings_module().problems(self)
         require(not problems, "\n".join(problems))
         per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
@@ -184,7 +184,7 @@ class Hyperparameters:
         require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
         require(val_batch >= per_micro, f"VAL_BATCH_SIZE={val_batch}: use at least {per_micro}")
 
-# settings.py's stand-in for a record folder's copy run alone: it checks nothing; the log and --help say so
+# settings.py's stand-in for a record folder's copy run alone: no checks; the log and --help say so
 ALONE = "settings.py is not beside this train_gpt.py"
 SKIPPED = f"settings: not checked; versions, hardware, command, errors not logged: {ALONE}"
 UNCHECKED = SimpleNamespace(environ_problems=lambda environ, hp: [], problems=lambda hp: [],
@@ -192,7 +192,7 @@ UNCHECKED = SimpleNamespace(environ_problems=lambda environ, hp: [], problems=la
                             help_text=lambda: f"--help: {ALONE}")
 
 def settings_module():
-    """settings.py (the checks, --help, the log's description and errors) where it sits beside this file."""
+    """settings.py (the checks, --help, the log's description and errors), if beside this file."""
     try:
         return importlib.import_module("settings")
     except ImportError:
@@ -207,7 +207,7 @@ def as_setting(text, default):
 # ---- DEVICE ----
 @dataclass
 class Layout:
-    """Where this process sits and how it computes: ranks, device, micro-steps per step, numeric modes."""
+    """Where this process is, how it computes: ranks, device, micro-steps a step, numeric modes."""
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -249,7 +249,7 @@ POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.8787699152074
                         (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 
 def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coeffs=QUINTIC_COEFFS):
-    """Orthogonalize each matrix of G (..., rows, cols) approximately: X <- aX + (bA + cA^2)X, A = XX^T."""
+    """Orthogonalize G's matrices (..., rows, cols) roughly: X <- aX + (bA + cA^2)X, A = XX^T."""
     X = G.to(dtype)
     # iterate on the wide side: X @ X.T is the smaller Gram matrix
     transposed = X.size(-2) > X.size(-1)
@@ -261,7 +261,7 @@ def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coef
     return X.mT if transposed else X
 
 def muon_update(g, hp, dtype):
-    """A bank of Nesterov gradients (n, rows, cols) as Muon's updates: rows of equal norm (MuonEq-R), then
+    """A Nesterov gradient bank (n, rows, cols) as Muon's updates: equal-norm rows (MuonEq-R), then
     orthogonalized; tall matrices scaled by sqrt(rows / cols), so their RMS update is comparable."""
     if hp.muon_row_normalize:
         g = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-7)
@@ -301,7 +301,7 @@ class Muon(torch.optim.Optimizer):
             banks = {}
             for p in params:
                 banks.setdefault(p.shape, []).append(p)
-            # a bank: this rank's matrices in one batch, the others' rows zero until the ranks sum them
+            # a bank: this rank's matrices in one batch, others' rows zero until the ranks sum them
             for bank in banks.values():
                 updates = bank[0].new_zeros(len(bank), *bank[0].shape, dtype=self.update_dtype)
                 if bank[mine]:
@@ -361,7 +361,7 @@ def shard_tokens(path, vocab_size=None):
     return tokens
 
 def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
-    """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
+    """Shards matching pattern, checked; with vocab_size, ids in share = (rank, world)'s shards."""
     files = sorted(glob.glob(pattern))
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
     rank, world = share
@@ -373,7 +373,7 @@ def train_pattern(hp):
     return os.path.join(hp.data_path, "fineweb_train_*.bin")
 
 class DistributedTokenLoader:
-    """The training shards in order, wrapping around; each rank keeps its span (+1) of each global chunk."""
+    """The training shards in order, cycled; each rank keeps its span (+1) of each global chunk."""
 
     def __init__(self, pattern, rank=0, world_size=1, device=torch.device("cpu")):
         self.shards = load_shards(pattern, "training")
@@ -413,7 +413,7 @@ class Tokenizer:
     no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
 
 def read_pieces(path):
-    """[(kind, piece)] per id, the decoder, what it makes of "a": SentencePiece, or the byte tokenizer."""
+    """[(kind, piece)] by id, the decoder, what it makes of "a": SentencePiece or byte tokenizer."""
     if path.suffix != ".json":
         import sentencepiece as spm
         sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -453,7 +453,7 @@ def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
     return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(no_text))
 
 def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
-    """Refuse, naming it, a document of share = (rank, world) not counted as the bytes of its text."""
+    """Refuse, naming it, a document of share = (rank, world) not counted as its text's bytes."""
     if (counted < 0).any():
         raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, "
                           "text the tokenizer could not write, so its bytes are unknown; "
@@ -490,7 +490,7 @@ class Validation:
     batch_tokens: int
 
 def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Validation:
-    """The validation tokens and their bytes (a CaseOps sidecar's, if any), checked, cut to whole windows."""
+    """Validation tokens, their bytes (a CaseOps sidecar's if any), checked, cut to full windows."""
     pattern = os.path.join(hp.data_path, "fineweb_val_[0-9]*.bin")
     shards = load_shards(pattern, "validation", len(tok.piece_bytes))
     tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
@@ -513,7 +513,7 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
     return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
 
 # ---- MODEL ----
-# Tensors that steer rather than compute: Adam trains them (2-D ones too), and the export keeps them in fp32.
+# Tensors that steer, not compute: Adam trains them (2-D ones too); the export keeps them in fp32.
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
                        "lane_mix", "smear_lambda", "smear_gate", "attn_gate")
 
@@ -530,18 +530,18 @@ LANE_MIX_INIT = (1.1, 1.0, 1.0)
 LORA_ALPHA = 144.0
 
 class CastedLinear(nn.Linear):
-    """fp32 weights for the optimizer; the matmul in the activations' dtype (no layer here has a bias)."""
+    """fp32 weights for the optimizer; matmul in the activations' dtype (no layer has a bias)."""
 
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))
 
 class Adapters(NamedTuple):
-    """Per-document TTT adapters (A, B): each layer's as run, by what they change, then the tied head's."""
+    """Per-document TTT adapters (A, B): each layer's as run, by target, then the tied head's."""
     layers: tuple
     head: tuple | None = None
 
 def adapt(y, x, lora):
-    """y + alpha / r (x A^T) B^T: a per-document TTT adapter (A (D, r, in), B (D, out, r)) on x (D, T, in)."""
+    """y + alpha/r (x A^T) B^T: TTT LoRA per document, A (D, r, in), B (D, out, r), x (D, T, in)."""
     if lora is None:
         return y
     A, B = lora
@@ -556,7 +556,7 @@ def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
 def input_gate(x, weight, scale=1.0):
-    """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates. (..., R)"""
+    """sigmoid(scale * w . x[:k]) per row w (width k) of weight: the field's cheap gates (..., R)"""
     return torch.sigmoid(scale * (x[..., :weight.size(-1)] @ weight.to(x.dtype).T))
 
 def rotary_cos_sin(seq_len, rope_dims, base):
@@ -566,7 +566,7 @@ def rotary_cos_sin(seq_len, rope_dims, base):
     return freqs.cos()[None, None], freqs.sin()[None, None]
 
 def apply_rotary(x, cos, sin):
-    """Rotate the first 2 * cos.size(-1) channels of each head (partial RoPE); the rest pass through."""
+    """Rotate each head's first 2 * cos.size(-1) channels (partial RoPE); the rest pass through."""
     rotated = 2 * cos.size(-1)
     x1, x2 = x[..., :rotated].chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
@@ -633,7 +633,7 @@ class MLP(nn.Module):
         return self.proj(F.leaky_relu(self.fc(x), self.leaky_slope).square())
 
 class Block(nn.Module):
-    """Attention then MLP on one residual stream, or on two lanes (PARALLEL_START_LAYER, the field's)."""
+    """Attention then MLP on one residual stream or two lanes (the field's PARALLEL_START_LAYER)."""
 
     def __init__(self, hp, layer):
         super().__init__()
@@ -642,17 +642,17 @@ class Block(nn.Module):
         self.mlp = MLP(dim, hp.mlp_mult, hp.mlp_leaky_slope)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
-        # row 0 weighs the residual stream, row 1 the first layer's input (starts as the plain stream)
+        # row 0 weighs the residual stream, row 1 the first layer's input (init: the plain stream)
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
-        # LN_SCALE: the normed inputs times 1 / sqrt(layer + 1), so deeper layers add less; off: times 1
+        # LN_SCALE: normed inputs times 1 / sqrt(layer + 1), so deeper layers add less; off: times 1
         self.norm_scale = (layer + 1) ** (-0.5 * hp.ln_scale)
         self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
     def norm(self, x):
         return rms_norm(x) * self.norm_scale
 
     def forward(self, lanes, x0, lora):
-        """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last, and each lane adds both outputs with
-        learned weights; lora: the layer's TTT adapters, by name (the outputs' read the normed inputs)."""
+        """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last; each lane adds both outputs
+        with learned weights; lora: its TTT adapters by name (the outputs' read normed inputs)."""
         mix = self.resid_mix.to(x0.dtype)
         x = mix[0] * lanes[0] + mix[1] * x0
         n = self.norm(x)
@@ -681,7 +681,7 @@ class GPT(nn.Module):
         super().__init__()
         self.logit_softcap = hp.logit_softcap
         self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
-        # BigramHash, ours: fixed scale and Muon (the field's learned scale and Adam lost 0.010 bpb, 3 seeds)
+        # BigramHash: fixed scale, Muon (the field's learned scale + Adam lost 0.010 bpb, 3 seeds)
         self.bigram = self.bigram_proj = None
         if hp.bigram_vocab_size:
             self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
@@ -773,7 +773,7 @@ def metrics(sums):
 
 @torch.no_grad()
 def score(model, val, layout, seq_len, stride):
-    """Summed loss, tokens, bytes (over ranks): every validation target once, by its window's last stride."""
+    """Summed loss, tokens, bytes (over ranks): each target once, by its window's last stride."""
     device = layout.device
     stop = val.tokens.numel() - 1
     ends = list(range(seq_len, stop, stride)) + [stop]  # each window's last target
@@ -781,7 +781,7 @@ def score(model, val, layout, seq_len, stride):
     share = slice(len(ends) * layout.rank // layout.world_size,
                   len(ends) * (layout.rank + 1) // layout.world_size)
     per_batch = max(1, val.batch_tokens // (layout.world_size * layout.grad_accum_steps) // seq_len)
-    # one batch shape, so one compiled graph: this rank's last batch is padded with windows scoring nothing
+    # one batch shape, so one graph: this rank's last batch is padded with windows scoring nothing
     pad = -len(ends[share]) % per_batch
     ends = ends[share] + ends[share][-1:] * pad
     counts = torch.tensor(counts[share] + [0] * pad, device=device)
@@ -826,7 +826,7 @@ def lora_ttt(run):
     return sums.cpu()
 
 def new_adapters(model, hp, rows, device):
-    """Adapters for `rows` documents: A uniform (nn.Linear's init), B zero, so the model starts as it is."""
+    """`rows` documents' adapters: A uniform (as nn.Linear), B zero: the model starts unchanged."""
     dim = model.tok_emb.embedding_dim
     kv_dim = model.blocks[0].attn.c_k.out_features
 
@@ -839,13 +839,13 @@ def new_adapters(model, hp, rows, device):
     return Adapters(layers, pair(model.tok_emb.num_embeddings))
 
 def chunk_windows(val, spans, lo, hp, rows):
-    """Each document's window for its chunk of targets from a + lo: (tokens, bytes or -1, rows that train)."""
+    """Each document's window for its chunk from a + lo: (tokens, bytes or -1, rows that train)."""
     window = min(lo + hp.ttt_chunk_size, hp.eval_window)
     tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
     counted = torch.full((rows, window), -1)
     trained = torch.zeros(rows)
     for row, (a, b) in enumerate(spans[:rows]):
-        chunk_end = min(a + lo + hp.ttt_chunk_size, b)  # past its last target (a done document: none)
+        chunk_end = min(a + lo + hp.ttt_chunk_size, b)  # past its last target (a done one: none)
         window_start = max(a - 1, chunk_end - 1 - window)
         tokens[row, :chunk_end - window_start] = val.tokens[window_start:chunk_end]
         chunk_start = a + lo - 1 - window_start  # the chunk's targets end the window
@@ -884,9 +884,9 @@ def ttt_group(run, val, spans, lora):
     return sums
 
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
-# Tensors up to this size stay in float: at width 256 the attention matrices (32k-65k) are quantized too.
+# Tensors up to this size stay float: at width 256 attention matrices (32k-65k) are quantized too.
 KEEP_FLOAT_MAX_NUMEL = 16_384
-# The searched clip: each row's fraction of its max |w| with the least error (GPTQ-lite); or *_CLIP_SIGMAS.
+# Searched clip: each row's fraction of its max |w| with least error (GPTQ-lite); or *_CLIP_SIGMAS.
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 
 # name: (compress, decompress, the leading bytes that tell it); brotli gets a tag; zpaq: one thread.
@@ -899,12 +899,12 @@ COMPRESSORS = {
 }
 
 def is_quantized(name, tensor):
-    """Stored as integers: the large matrices, and the attention gates (int8 rows, as the field's)."""
+    """Stored as integers: the large matrices, and the attention gates (int8 rows, the field's)."""
     big = tensor.ndim == 2 and tensor.numel() > KEEP_FLOAT_MAX_NUMEL
     return tensor.is_floating_point() and (big or name.endswith("attn_gate"))
 
 def quant_spec(name, hp):
-    """(bits, clip in row stds; 0: the searched clip) of a matrix stored as integers, by its kind."""
+    """(bits, clip in row stds; 0: the searched clip) of a matrix stored as integers, by kind."""
     if name == "tok_emb.weight":
         return hp.embed_bits, hp.embed_clip_sigmas
     if name.endswith("attn_gate"):
@@ -914,7 +914,7 @@ def quant_spec(name, hp):
     return hp.matrix_bits, kind or hp.matrix_clip_sigmas
 
 def int_rows(x, steps, low, high):
-    """Per-row integers in [low, high] and fp16 steps, each row's best of the candidates (K, R, 1)."""
+    """Per-row integers in [low, high] and fp16 steps, each row's best of candidates (K, R, 1)."""
     # floored at fp16's smallest normal (no division by 0); beyond its range: inf, which the export refuses
     steps = steps.clamp(min=2.0 ** -14).half().float()
     q = torch.clamp(torch.round(x / steps), low, high)  # (K, R, C)
@@ -923,7 +923,7 @@ def int_rows(x, steps, low, high):
     return q[best, rows], steps[best, rows, 0]
 
 def quantize_rows(w, bits, sigmas=0.0):
-    """Symmetric integers in [-qmax, qmax], their fp16 steps: at the searched clip or at SIGMAS row stds."""
+    """Symmetric integers in [-qmax, qmax], fp16 steps: at the searched clip or SIGMAS row stds."""
     qmax = 2 ** (bits - 1) - 1
     if sigmas:
         clips = [sigmas * w.std(dim=1, keepdim=True)]
@@ -960,15 +960,15 @@ def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
     return Q[:, torch.argsort(order)].float(), scale
 
 def lqer_factors(error, rank):
-    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64, as
-    {"a": (2, A), "b": (4, B)}, each a matrix of rows to quantize."""
+    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64,
+    as {"a": (2, A), "b": (4, B)}, each a matrix of rows to quantize."""
     U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
     A = (U[:, :rank] * S[:rank]).float()
     B = Vh[:rank].float().flatten()
     return {"a": (2, A.reshape(1, -1)), "b": (4, F.pad(B, (0, -len(B) % 64)).view(-1, 64))}
 
 def quantize_state_dict(state_dict, hp, hessians=None):
-    """Matrices -> per-row integers, a byte each (what compresses best), fp16 scales; the rest in float."""
+    """Matrices -> per-row integers, a byte each (compresses best), fp16 scales; the rest float."""
     ints = {}
     scales = {}
     floats = {}
@@ -1005,7 +1005,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj):
-    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in its dtypes."""
+    """State dict: integers times row steps (+ LQER's A B), the rest as stored, in its dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
     for name in [name for name in weights if name.endswith(".lqer_a")]:
         W = weights[name.removesuffix(".lqer_a")]
@@ -1019,13 +1019,13 @@ def dequantize_state_dict(obj):
     return state
 
 def save_artifact(state_dict, path, hp, hessians=None):
-    """The artifact's bytes, also written to path unless None (whole or not at all: via a renamed temp)."""
+    """The artifact's bytes, also written to path unless None (all or nothing: a renamed temp)."""
     buffer = io.BytesIO()
     torch.save(quantize_state_dict(state_dict, hp, hessians), buffer)
     compress = COMPRESSORS[hp.compressor][0]
     blob = compress(buffer.getvalue())
     if path is not None:
-        # nodes sharing the folder rename their own; a full disk: one line, and no partial file left on it
+        # nodes sharing the folder rename their own; a full disk: one line, no partial file left
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_bytes(blob)
@@ -1038,7 +1038,7 @@ def save_artifact(state_dict, path, hp, hessians=None):
     return blob
 
 def load_artifact(source):
-    """The weights of an artifact (a path or bytes), its compressor told by its first bytes (weights_only)."""
+    """An artifact's weights (a path or bytes), its compressor by its first bytes (weights_only)."""
     blob = source if isinstance(source, bytes) else Path(source).read_bytes()
     decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
     what = "artifact" if isinstance(source, bytes) else source
@@ -1047,7 +1047,7 @@ def load_artifact(source):
     return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
 
 def calibrate(run, loader):
-    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (the embedding: the head's)."""
+    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (embedding: the head's)."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)
@@ -1172,7 +1172,7 @@ def looping_at(progress, hp):
     return hp.num_loops > 0 and hp.enable_looping_at < 1.0 and progress >= hp.enable_looping_at
 
 class EMA:
-    """The weights' moving average (EMA_DECAY; 0: off, a no-op): it validates and exports (swap())."""
+    """The weights' moving average (EMA_DECAY; 0: off, no-op): it validates and exports (swap())."""
 
     def __init__(self, model, decay):
         self.decay = decay
@@ -1190,7 +1190,7 @@ class EMA:
         self.params = live
 
 def train_step(model, batches, optimizers, lr_scale, grad_clip, layout):
-    """One optimizer step over micro-batches [(x, y), ...], all-reduced once; returns the mean loss."""
+    """One optimizer step over micro-batches [(x, y), ...], all-reduced once; returns mean loss."""
     total = torch.zeros((), device=layout.device)
     for i, (x, y) in enumerate(batches):
         if layout.distributed:
@@ -1217,11 +1217,11 @@ def compiled_graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def warmup(run, optimizers):
-    """Compile the training step of each phase, before the clock: WARMUP_STEPS steps, then the weights, the
-    optimizer states and the data start again. The final passes prime their own graphs."""
+    """Compile each phase's training step, before the clock: WARMUP_STEPS steps, then the weights,
+    the optimizer states and the data start again. The final passes prime their own graphs."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
-    # off, then on from ENABLE_LOOPING_AT; one of them only without loops, or with them on from the start
+    # off, then on from ENABLE_LOOPING_AT; only one without loops, or with them on from the start
     phases = sorted({looping_at(0.0, hp), looping_at(hp.enable_looping_at, hp)})
     initial = [{name: t.to("cpu", copy=True) for name, t in model.state_dict().items()}]
     initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
@@ -1239,7 +1239,7 @@ def warmup(run, optimizers):
 
 @dataclass
 class LoopState:
-    """Where training stands (with weights and data: all a resume needs); its clock counts training only."""
+    """Training's state (with weights and data: all a resume needs); it clocks training only."""
     step: int = 0
     training_time_ms: float = 0.0
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
@@ -1257,8 +1257,8 @@ class LoopState:
 
     @contextmanager
     def paused(self, seen, layout):
-        """The clock stopped and the device done: the flag of the losses seen is exact, and no validation,
-        checkpoint or export follows a bad loss."""
+        """The clock stopped and the device done: the flag of the losses seen is exact, and no
+        validation, checkpoint or export follows a bad loss."""
         synchronize(self.device)
         self.training_time_ms += ms_since(self.t0)
         check_finite(agree([float(not np.isfinite(seen))], layout)[0], self.step)
@@ -1266,7 +1266,7 @@ class LoopState:
         self.start_clock(self.device)
 
 def agree(values, layout):
-    """The max over ranks of host values, read back (as the challenge's stop): one process reads no device."""
+    """Ranks' max of host values, read back (like the challenge's stop): one process reads no device."""
     if not layout.distributed:
         return values
     # on the host: gloo reduces it, and NCCL's device waits for nothing
@@ -1346,13 +1346,13 @@ def train(run, optimizers, ema):
 # ---- RUN ----
 @dataclass
 class RunLog:
-    """Console lines from rank 0, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's own source."""
+    """Rank 0's console lines, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's source."""
     path: Path | None = None  # None: lines go nowhere (tests, tools)
     is_main: bool = True
 
     def write_header(self, run, description):
-        """The source, what ran where (settings.py's lines), the settings and the layout; a resume continues
-        its own run's log (setup() let it through) with all but the source."""
+        """The source, what ran where (settings.py's lines), the settings and the layout;
+        a resume continues its own run's log (setup() let it through) with all but the source."""
         digest = hashlib.sha256(run.source).hexdigest()
         if not self.path.exists():
             with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
@@ -1386,7 +1386,7 @@ class Run:
     trainer: nn.Module | None = None  # the compiled model as DDP wraps it: what trains
 
 def setup(environ=os.environ) -> Run:
-    """Every check that can fail (settings, paths, tokenizer, shards, bytes), on every rank, first."""
+    """Each check that can fail (settings, paths, tokenizer, shards, bytes), on each rank, first."""
     world_size = int(environ.get("WORLD_SIZE", 1))
     rank = int(environ.get("RANK", 0))
     local_rank = int(environ.get("LOCAL_RANK", 0))
@@ -1423,7 +1423,7 @@ def start(run):
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
-        torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit only: math for fp32
+        torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit: math for fp32
     run_id = [hp.run_id or str(uuid.uuid4())]
     # every rank must name the same log and artifact; host tensors (agree()) go through gloo
     if layout.distributed:
@@ -1452,7 +1452,7 @@ def build_model(run):
         torch._dynamo.config.optimize_ddp = hp.optimize_ddp
         run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True)
     run.trainer = run.scorer
-    if layout.distributed:  # without buffer broadcast: every rank holds the same RoPE tables and flags
+    if layout.distributed:  # no buffer broadcast: every rank holds the same RoPE tables and flags
         device_ids = [layout.local_rank] if layout.cuda else None
         run.trainer = DDP(run.scorer, device_ids=device_ids, broadcast_buffers=False)
     return optimizers
