@@ -87,7 +87,7 @@ def refused_names(environ, names):
 def environ_problems(environ, hp):
     """Lines for the names in environ that are not settings of hp (its dataclass), and for values that are not
     of their setting's type: the variable, its value, how to write it."""
-    names = [f.name.upper() for f in fields(hp)]
+    names = setting_names(hp)
     refused = refused_names(environ, names)
     found = ["settings this file does not honour (--help lists its own):\n  " + "\n  ".join(refused)] if refused else []
     for name in names:
