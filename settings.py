@@ -48,7 +48,8 @@ INSTEAD = dict(
     GPTQ_CALIBRATION_BATCHES="GPTQ_CALIB_SEQS (sequences)",
     **dict.fromkeys(["TTT_LR", "TTT_MOMENTUM", "TTT_EPOCHS", "TTT_GRAD_CLIP", "TTT_CHUNK_TOKENS",
                      "QAT_START_FRAC", "SAMPLE_EVERY", "TTT_PARAMS", "GPTQ_CALIB", "GPTQ_TEMPERATURE",
-                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR", "TTT_BETA1"]),
+                     "GPTQ_DAMP", "TIE_EMBEDDINGS", "EMBED_LR", "HEAD_LR", "TTT_BETA1",
+                     "EVAL_SEQ_LEN"]),
 )
 # Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
 FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
@@ -160,10 +161,10 @@ def problems(hp):
         require(not lanes or lanes > hp.loop_end, f"PARALLEL_START_LAYER={lanes}: past LOOP_END")
     require(hp.bigram_vocab_size != 1, "BIGRAM_VOCAB_SIZE=1: 0, or 2+ (a row is 'no previous token')")
     require(hp.ema_decay < 1.0, f"EMA_DECAY={hp.ema_decay}: below 1; 0 is off, 0.997 typical")
-    window = hp.eval_seq_len or hp.train_seq_len
-    require(hp.eval_stride <= window, f"EVAL_STRIDE={hp.eval_stride}: at most the eval window {window}")
+    window = f"at most the scoring window, TRAIN_SEQ_LEN={hp.train_seq_len}"
+    require(hp.eval_stride <= hp.train_seq_len, f"EVAL_STRIDE={hp.eval_stride}: {window}")
     if hp.ttt_enabled:  # a chunk is scored in one window
-        require(hp.ttt_chunk_size <= window, f"TTT_CHUNK_SIZE={hp.ttt_chunk_size}: at most the eval window {window}")
+        require(hp.ttt_chunk_size <= hp.train_seq_len, f"TTT_CHUNK_SIZE={hp.ttt_chunk_size}: {window}")
     if hp.compressor in ("brotli", "zpaq"):
         installed = importlib.util.find_spec(hp.compressor)
         require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")

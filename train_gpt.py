@@ -107,8 +107,7 @@ class Hyperparameters:
     embed_wd: float = 0.0  # ... of the embeddings (AdamW)
     adam_wd: float = 0.0  # ... of the vectors and control tensors (AdamW)
     ema_decay: float = 0.0  # the EMA of the weights is what validates and exports; 0: off
-    eval_seq_len: int = 0  # the sliding window's length; 0: TRAIN_SEQ_LEN
-    eval_stride: int = 0  # sliding evaluation: each window scores its last STRIDE tokens; 0: off
+    eval_stride: int = 0  # sliding evaluation: each window of TRAIN_SEQ_LEN scores its last STRIDE; 0: off
     sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: off if TTT scores
     ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the score
     ttt_lora_rank: int = 96  # rank of a document's adapters (q, k, v, attention/MLP outputs, head)
@@ -158,17 +157,12 @@ class Hyperparameters:
         return 1000.0 * (self.max_wallclock_seconds - self.gptq_reserve_seconds)
 
     @property
-    def eval_window(self):
-        return self.eval_seq_len or self.train_seq_len
-    @property
     def export_tag(self):  # names the artifact and the final lines: final_int6_brotli_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
 
     def windows(self, sliding):
-        """(length, stride) of scoring windows: the training length, or the sliding window."""
-        if not sliding:
-            return self.train_seq_len, self.train_seq_len
-        return self.eval_window, self.eval_stride or self.eval_window
+        """(length, stride) of scoring windows of the training length: back to back, or sliding."""
+        return self.train_seq_len, (sliding and self.eval_stride) or self.train_seq_len
 
     def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
         fits = self.grad_accum_steps or 8 % world_size == 0
@@ -504,11 +498,11 @@ def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Valida
     require(len(counted) == len(tokens), f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
     if not (sidecar and hp.sidecar_bytes == "trust"):
         check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
-    seq_len = max(hp.train_seq_len, hp.eval_window)
+    seq_len = hp.train_seq_len
     usable = ((tokens.numel() - 1) // seq_len) * seq_len
     require(usable > 0 and bool(counted[1:usable + 1].any()), f"DATA_PATH: the validation split {pattern} "
             f"holds {tokens.numel()} tokens ({int(counted.sum())} bytes of text), not one window of "
-            f"{seq_len} + 1 with text; lower TRAIN_SEQ_LEN/EVAL_SEQ_LEN or build more validation data")
+            f"{seq_len} + 1 with text; lower TRAIN_SEQ_LEN or build more validation data")
     counted = counted[:usable + 1].to(torch.int16)
     return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
 
@@ -530,7 +524,10 @@ LANE_MIX_INIT = (1.1, 1.0, 1.0)
 LORA_ALPHA = 144.0
 
 class CastedLinear(nn.Linear):
-    """fp32 weights for the optimizer; matmul in the activations' dtype (no layer has a bias)."""
+    """fp32 weights for the optimizer; matmul in the activations' dtype; no bias (no layer has one)."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))
@@ -578,14 +575,13 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = dim // hp.num_heads
         kv_dim = hp.num_kv_heads * self.head_dim
         self.xsa = layer >= hp.num_layers - hp.xsa_last_n
-        self.c_q = CastedLinear(dim, dim, bias=False)
-        self.c_k = CastedLinear(dim, kv_dim, bias=False)
-        self.c_v = CastedLinear(dim, kv_dim, bias=False)
-        self.proj = CastedLinear(dim, dim, bias=False)
+        self.c_q = CastedLinear(dim, dim)
+        self.c_k = CastedLinear(dim, kv_dim)
+        self.c_v = CastedLinear(dim, kv_dim)
+        self.proj = CastedLinear(dim, dim)
         nn.init.zeros_(self.proj.weight)
         # computed once, not inside the kernels; not saved, and not broadcast by DDP
-        longest = max(hp.train_seq_len, hp.eval_window)
-        cos, sin = rotary_cos_sin(longest, hp.rope_dims or self.head_dim, hp.rope_base)
+        cos, sin = rotary_cos_sin(hp.train_seq_len, hp.rope_dims or self.head_dim, hp.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention's sharpness is learned here, per head
@@ -624,8 +620,8 @@ class MLP(nn.Module):
 
     def __init__(self, dim, mlp_mult, leaky_slope=0.0):
         super().__init__()
-        self.fc = CastedLinear(dim, mlp_mult * dim, bias=False)
-        self.proj = CastedLinear(mlp_mult * dim, dim, bias=False)
+        self.fc = CastedLinear(dim, mlp_mult * dim)
+        self.proj = CastedLinear(mlp_mult * dim, dim)
         nn.init.zeros_(self.proj.weight)
         self.leaky_slope = leaky_slope
 
@@ -647,6 +643,7 @@ class Block(nn.Module):
         # LN_SCALE: normed inputs times 1 / sqrt(layer + 1), so deeper layers add less; off: times 1
         self.norm_scale = (layer + 1) ** (-0.5 * hp.ln_scale)
         self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
+
     def norm(self, x):
         return rms_norm(x) * self.norm_scale
 
@@ -685,7 +682,7 @@ class GPT(nn.Module):
         self.bigram = self.bigram_proj = None
         if hp.bigram_vocab_size:
             self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
-            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim, bias=False)
+            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim)
             nn.init.zeros_(self.bigram.weight)
         # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
         self.smear_lambda = optional(hp.smear_gate_enabled, torch.zeros(1))
@@ -840,7 +837,7 @@ def new_adapters(model, hp, rows, device):
 
 def chunk_windows(val, spans, lo, hp, rows):
     """Each document's window for its chunk from a + lo: (tokens, bytes or -1, rows that train)."""
-    window = min(lo + hp.ttt_chunk_size, hp.eval_window)
+    window = min(lo + hp.ttt_chunk_size, hp.train_seq_len)
     tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
     counted = torch.full((rows, window), -1)
     trained = torch.zeros(rows)
@@ -1105,7 +1102,7 @@ def prime(run, passes):
     t0 = time.perf_counter()
     graphs = compiled_graphs()
     if "sliding_window" in passes:  # a window for every rank, padded to a batch
-        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.eval_window + 1,), device=layout.device)
+        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.train_seq_len + 1,), device=layout.device)
         noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
         score(run.scorer, noise, layout, *hp.windows(True))
     if "ttt" in passes:  # documents of one chunk: BOS and chunk - 1 tokens

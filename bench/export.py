@@ -44,7 +44,7 @@ def main() -> None:
     run = cpu_run(hp, state)
     for variant in args.variants:
         variant_hp = variant_settings(hp, variant)
-        variant_hp.eval_stride = variant_hp.eval_stride or min(64, variant_hp.eval_window)
+        variant_hp.eval_stride = variant_hp.eval_stride or min(64, variant_hp.train_seq_len)
         t0 = time.perf_counter()
         blob = tg.save_artifact(state, None, variant_hp)
         export_s = time.perf_counter() - t0

@@ -27,10 +27,10 @@ def count_flops_per_token(model, hp) -> float:
 
 def ttt_positions(targets: float, hp) -> int:
     """Token positions train_gpt.lora_ttt() runs, compiled, for a group of TTT_BATCH_SIZE documents whose longest
-    has this many targets: every row at every chunk, chunk c in a window of min((c + 1) x TTT_CHUNK_SIZE, the eval
-    window). Each position costs a forward and the backward to the adapters: 2 forwards' FLOPs."""
+    has this many targets: every row at every chunk, chunk c in a window of min((c + 1) x TTT_CHUNK_SIZE,
+    TRAIN_SEQ_LEN). Each position costs a forward and the backward to the adapters: 2 forwards' FLOPs."""
     chunks = range(math.ceil(targets / hp.ttt_chunk_size))
-    return hp.ttt_batch_size * sum(min((c + 1) * hp.ttt_chunk_size, hp.eval_window) for c in chunks)
+    return hp.ttt_batch_size * sum(min((c + 1) * hp.ttt_chunk_size, hp.train_seq_len) for c in chunks)
 
 
 LENGTHS = json.loads((Path(__file__).with_name("fineweb_val_doc_lengths.json")).read_text())
@@ -39,7 +39,7 @@ LENGTHS = json.loads((Path(__file__).with_name("fineweb_val_doc_lengths.json")).
 def fineweb_ttt_positions(hp) -> float:
     """Token positions lora_ttt() runs on FineWeb's validation documents, compiled: each group's rows (documents
     sorted by length) chunk by chunk until its longest ends, chunk c in a window of min((c + 1) x TTT_CHUNK_SIZE,
-    the eval window). Lengths between the batches the field's logs name are interpolated, and a group's longest
+    TRAIN_SEQ_LEN). Lengths between the batches the field's logs name are interpolated, and a group's longest
     is read off the field's batches of 64 (an overestimate: 9.6% more tokens than the split has)."""
     known = np.array(LENGTHS["batches"], dtype=float)
     batches = -(-LENGTHS["documents"] // LENGTHS["batch_size"])

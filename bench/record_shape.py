@@ -10,7 +10,7 @@ The settings come from the environment, as for train_gpt.py (and are validated t
 - at each --mfu (a fraction of --gpus × --peak bf16 FLOP/s): ms per step, and the steps and tokens that fit
   the wallclock budget (MAX_WALLCLOCK_SECONDS less GPTQ_RESERVE_SECONDS; looped from ENABLE_LOOPING_AT of
   it);
-- the evaluation's forward-equivalents per validation token (round trip 1; sliding EVAL_SEQ_LEN/EVAL_STRIDE;
+- the evaluation's forward-equivalents per validation token (round trip 1; sliding TRAIN_SEQ_LEN/EVAL_STRIDE;
   per-document LoRA TTT 2 per token position it runs, a forward and the backward to the adapters, the
   positions counted on FineWeb's document lengths as the field's logs give them, bench/fineweb_val_doc_lengths.json,
   every row of a group of TTT_BATCH_SIZE running until its longest document ends, as compiled) and their
@@ -66,7 +66,7 @@ def main() -> None:
           f"per step of {hp.train_batch_tokens:,} tokens: {per_step}")
     budget_s = hp.budget_ms / 1000.0
     looped_from = hp.enable_looping_at if hp.num_loops else 1.0
-    window = hp.eval_window
+    window = hp.train_seq_len
     forwards = {"round trip": 1.0}
     # SLIDING_WINDOW_ENABLED=0 leaves the sliding windows to TTT
     if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):

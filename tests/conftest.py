@@ -74,7 +74,7 @@ TRAINING_LEVERS = dict(
 EVERY_LEVER = dict(
     TRAINING_LEVERS, matrix_bits=6, embed_bits=7, attn_clip_sigmas=12.0, mlp_clip_sigmas=11.0,
     embed_clip_sigmas=14.0, lqer_enabled=True, lqer_rank=2, lqer_top_k=2, gptq=True, gptq_calib_seqs=8,
-    compressor="brotli", eval_stride=32, eval_seq_len=128, ttt_enabled=True, ttt_lora_rank=4, ttt_chunk_size=64,
+    compressor="brotli", eval_stride=32, ttt_enabled=True, ttt_lora_rank=4, ttt_chunk_size=64,
     ttt_lora_lr=0.001, ttt_beta2=0.99, ttt_weight_decay=0.5,
 )
 

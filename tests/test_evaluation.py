@@ -57,7 +57,7 @@ def val(tiny_data) -> tg.Validation:
 
 
 def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val):
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=16, eval_stride=16)
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, train_seq_len=16, eval_stride=16)
     model = random_model(hp)
     plain = tg.metrics(score(model, val, hp))
     sliding = tg.metrics(score(model, val, hp, sliding=True))
@@ -66,7 +66,7 @@ def test_sliding_equals_plain_when_stride_is_the_window(tiny_data, val):
 
 @pytest.mark.parametrize("seq_len, stride", [(16, 4), (32, 8), (16, 5), (24, 24)])
 def test_sliding_scores_every_token_once(tiny_data, val, seq_len, stride):
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=seq_len,
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, train_seq_len=seq_len,
                  eval_stride=stride)
     # a model with loss 1 per scored token: val_loss = 1 exactly,
     # and val_bpb = tokens / (bytes * ln 2)
@@ -90,7 +90,7 @@ def test_two_ranks_share_the_windows_and_each_scored_token_has_its_context(
         tiny_data, val, monkeypatch):
     # each rank's own sums: what it contributes to the all-reduce
     monkeypatch.setattr(tg.dist, "all_reduce", lambda tensor, op=None: None)
-    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, eval_seq_len=16, eval_stride=4)
+    hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH, train_seq_len=16, eval_stride=4)
     model = random_model(hp)
     full = score(model, val, hp, sliding=True)
     halves = []
@@ -184,7 +184,7 @@ def test_every_target_is_scored_once_with_its_bytes(lora_model):
 
 def test_at_zero_lr_each_chunk_is_scored_by_the_model_alone_in_its_documents_window(lora_model):
     """TTT_LORA_LR=0, no phase: the plain per-document score, each chunk of CHUNK targets scored with the document's
-    tokens before it, at most the eval window (16) of them."""
+    tokens before it, at most the window (TRAIN_SEQ_LEN, 16) of them."""
     val = document_stream()
     run = lora_run(lora_model, ttt_lora_lr=0.0)
     sums = tg.lora_ttt(run)

@@ -163,10 +163,10 @@ def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
               "tg.train_step, tg.warmup = train_step, warmup\n"
               "tg.main()\n"
               "print(f'driver: {inside[0]} graphs compiled inside training steps', flush=True)")
-    # shapes that training never ran: the eval window, the stride and TTT's growing windows
+    # shapes that training never ran: the stride's batches and TTT's growing windows (32, then 64)
     lever_env = dict(COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
-                     ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_SEQ_LEN=128, EVAL_STRIDE=32,
-                     TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=64, TTT_BATCH_SIZE=4)
+                     ENABLE_LOOPING_AT=0.25, MATRIX_BITS=6, EVAL_STRIDE=32,
+                     TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4)
     for steps, val_every in ((16, 0), (8, 4)):
         env = short_val_data.env(RUN_ID=f"graphs{steps}", ITERATIONS=steps, WARMUP_STEPS=3,
                                  VAL_LOSS_EVERY=val_every, **lever_env)
@@ -190,7 +190,7 @@ def test_priming_runs_one_batch_of_each_graph_it_compiles():
     sliding pass (a window for every rank, padded to the batch every rank scores) and one chunk for every row
     of a TTT group; the round trip scores as the last validation did, and is not run again."""
     hp = tg.Hyperparameters(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2,
-                            train_seq_len=32, eval_seq_len=64, eval_stride=16, val_batch_size=8 * 32 * 3,
+                            train_seq_len=32, eval_stride=16, val_batch_size=8 * 32 * 3,
                             ttt_enabled=True, ttt_lora_rank=2, ttt_chunk_size=16, ttt_batch_size=5)
     model = tg.GPT(hp)
     positions = []
@@ -201,8 +201,8 @@ def test_priming_runs_one_batch_of_each_graph_it_compiles():
     layout = tg.Layout(grad_accum_steps=8, use_compile=True)
     run = tg.Run(hp, layout, None, b"", model=model, scorer=scorer, trainer=scorer)
     tg.prime(run, ["roundtrip", "sliding_window", "ttt"])
-    per_batch = hp.val_batch_size // layout.grad_accum_steps // hp.eval_window  # score()'s windows per batch
-    assert positions == [per_batch * hp.eval_window, hp.ttt_batch_size * hp.ttt_chunk_size]
+    per_batch = hp.val_batch_size // layout.grad_accum_steps // hp.train_seq_len  # score()'s windows per batch
+    assert positions == [per_batch * hp.train_seq_len, hp.ttt_batch_size * hp.ttt_chunk_size]
     assert all(p.requires_grad for p in model.parameters()), "TTT's priming leaves the model trainable"
 
 
@@ -640,8 +640,9 @@ CASES = {
         lambda ws: then(shard(ws).unlink(), shard(ws).symlink_to(ws / "gone.bin")),
         r"fineweb_train_000000.bin: not a readable file"),
     "RUN_ID too long": (lambda ws: then(RUN_ID="r" * 300), r"RUN_ID='r+'.*at most 200 characters"),
-    "EVAL_SEQ_LEN longer than the validation split": (lambda ws: then(EVAL_SEQ_LEN="1000000"),
-                                                      r"not one window of 1000000 \+ 1 with text"),
+    "TRAIN_SEQ_LEN longer than the validation split": (
+        lambda ws: then(TRAIN_SEQ_LEN=2 ** 17, TRAIN_BATCH_TOKENS=2 ** 20, VAL_BATCH_SIZE=2 ** 20),
+        r"not one window of 131072 \+ 1 with text"),
     "checkpoint without Muon's state": (
         lambda ws: then(drop_state(ws, "muon"), RESUME=ws / CHECKPOINT),
         r"the checkpoint is damaged \(ValueError: its state.pt holds \['adam', 'ema', 'model'\]"),
@@ -772,8 +773,8 @@ def test_a_run_that_never_switches_compiles_nothing_inside_on_any_rank(short_val
                       "import train_gpt as tg\n"
                       "tg.main()\n")
     env = short_val_data.env(RUN_ID="late", COMPILE=1, NUM_LAYERS=3, LOOP_START=1, LOOP_END=1, NUM_LOOPS=1,
-                             ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_SEQ_LEN=128,
-                             EVAL_STRIDE=32, TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
+                             ENABLE_LOOPING_AT=0.99, ITERATIONS=8, WARMUP_STEPS=2, EVAL_STRIDE=32,
+                             TTT_ENABLED=1, TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4,
                              SLIDING_WINDOW_ENABLED=0)
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -32,6 +32,7 @@ def refused_names(error: pytest.ExceptionInfo) -> set[str]:
     (dict(MATRIX_LR="fast"), r"MATRIX_LR='fast' is not a number"),
     (dict(TIE_EMBEDDINGS="0"), r"TIE_EMBEDDINGS=0: retired"),
     (dict(QAT_START_FRAC="0.8"), r"QAT_START_FRAC=0.8: retired"),
+    (dict(EVAL_SEQ_LEN="2048"), r"EVAL_SEQ_LEN=2048: retired"),
     (dict(LN_SCALE="yes"), r"LN_SCALE='yes' is not 0 or 1"),
     (dict(MODEL_DIM="100", NUM_HEADS="8"), r"MODEL_DIM=100: use a multiple of NUM_HEADS=8"),
     (dict(NUM_HEADS="4", NUM_KV_HEADS="3"), r"NUM_HEADS=4: use a multiple of NUM_KV_HEADS=3"),
@@ -50,9 +51,10 @@ def refused_names(error: pytest.ExceptionInfo) -> set[str]:
     (dict(MATRIX_BITS="3"), r"MATRIX_BITS=3 must be one of \(4, 5, 6, 7, 8\)"),
     (dict(COMPRESSOR="gzip"), r"COMPRESSOR='gzip' must be one of \('zlib', 'brotli', 'zpaq'\)"),
     (dict(COMPRESSOR="lzma"), r"COMPRESSOR='lzma' must be one of \('zlib', 'brotli', 'zpaq'\)"),
-    (dict(EVAL_STRIDE="128"), r"EVAL_STRIDE=128: at most the eval window 64"),
+    (dict(EVAL_STRIDE="128"), r"EVAL_STRIDE=128: at most the scoring window, TRAIN_SEQ_LEN=64"),
     (dict(EMA_DECAY="1.0"), r"EMA_DECAY=1.0: below 1"),
-    (dict(TTT_ENABLED="1", TTT_CHUNK_SIZE="128"), r"TTT_CHUNK_SIZE=128: at most the eval window 64"),
+    (dict(TTT_ENABLED="1", TTT_CHUNK_SIZE="128"),
+     r"TTT_CHUNK_SIZE=128: at most the scoring window, TRAIN_SEQ_LEN=64"),
 ])
 def test_bad_settings_are_named(tiny_data, overrides, message):
     with pytest.raises(tg.ConfigError, match=message):
