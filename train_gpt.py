@@ -161,7 +161,7 @@ class Hyperparameters:
         return f"int{self.matrix_bits}_{self.compressor}"
 
     def windows(self, sliding):
-        """(length, stride) of scoring windows of the training length: back to back, or sliding."""
+        """(length, stride) of scoring windows, TRAIN_SEQ_LEN long: back to back, or EVAL_STRIDE apart."""
         return self.train_seq_len, (sliding and self.eval_stride) or self.train_seq_len
 
     def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
