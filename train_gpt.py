@@ -1102,7 +1102,8 @@ def prime(run, passes):
     t0 = time.perf_counter()
     graphs = compiled_graphs()
     if "sliding_window" in passes:  # a window for every rank, padded to a batch
-        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.train_seq_len + 1,), device=layout.device)
+        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.train_seq_len + 1,),
+                               device=layout.device)
         noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
         score(run.scorer, noise, layout, *hp.windows(True))
     if "ttt" in passes:  # documents of one chunk: BOS and chunk - 1 tokens
