@@ -161,10 +161,10 @@ def problems(hp):
         require(not lanes or lanes > hp.loop_end, f"PARALLEL_START_LAYER={lanes}: past LOOP_END")
     require(hp.bigram_vocab_size != 1, "BIGRAM_VOCAB_SIZE=1: 0, or 2+ (a row is 'no previous token')")
     require(hp.ema_decay < 1.0, f"EMA_DECAY={hp.ema_decay}: below 1; 0 is off, 0.997 typical")
-    window = f"at most the scoring window, TRAIN_SEQ_LEN={hp.train_seq_len}"
-    require(hp.eval_stride <= hp.train_seq_len, f"EVAL_STRIDE={hp.eval_stride}: {window}")
+    within = f"at most the scoring window, TRAIN_SEQ_LEN={hp.train_seq_len}"
+    require(hp.eval_stride <= hp.train_seq_len, f"EVAL_STRIDE={hp.eval_stride}: {within}")
     if hp.ttt_enabled:  # a chunk is scored in one window
-        require(hp.ttt_chunk_size <= hp.train_seq_len, f"TTT_CHUNK_SIZE={hp.ttt_chunk_size}: {window}")
+        require(hp.ttt_chunk_size <= hp.train_seq_len, f"TTT_CHUNK_SIZE={hp.ttt_chunk_size}: {within}")
     if hp.compressor in ("brotli", "zpaq"):
         installed = importlib.util.find_spec(hp.compressor)
         require(installed, f"COMPRESSOR={hp.compressor} needs its package: pip install {hp.compressor}")

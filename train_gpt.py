@@ -1,9 +1,9 @@
 """train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
 with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb, on
 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md). Every setting is
-an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file,
-every console line. Beside it, imported when used, for the operator: settings.py (the settings'
-checks, --help, the log's description and errors) and checkpoints.py. Cap: 1500 lines."""
+an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file, then
+every console line. Beside it, imported when used, for the operator: settings.py (the settings' checks,
+--help, the log's description and errors) and checkpoints.py. Cap: 1500 lines."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ class Hyperparameters:
     gptq_reserve_seconds: float = 0.0  # from MAX_WALLCLOCK_SECONDS, to calibrate on training data
     compressor: str = "zlib"  # zlib, brotli or zpaq (the smallest and by far the slowest)
     pack_code: bool = False  # count the code packed (minified, lzma, base85), as in a record folder
-    sidecar_bytes: str = "check"  # sidecar must match decoded text; trust: unchecked, as the field
+    sidecar_bytes: str = "check"  # a byte sidecar must match the decoded text; trust: unchecked, as the field
     save_every: int = 0  # checkpoint every N steps, at the end and on a first SIGTERM/SIGINT
     keep_checkpoints: int = 3  # keep the newest K checkpoints; 0: all
     checkpoint_dir: str = "checkpoints"  # checkpoints go to CHECKPOINT_DIR/<RUN_ID>/step_NNNNNN/
@@ -201,7 +201,7 @@ def as_setting(text, default):
 # ---- DEVICE ----
 @dataclass
 class Layout:
-    """Where this process is, how it computes: ranks, device, micro-steps a step, numeric modes."""
+    """Where this process sits and how it computes: ranks, device, micro-steps per step, numeric modes."""
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -355,7 +355,7 @@ def shard_tokens(path, vocab_size=None):
     return tokens
 
 def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
-    """Shards matching pattern, checked; with vocab_size, ids in share = (rank, world)'s shards."""
+    """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
     files = sorted(glob.glob(pattern))
     require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
     rank, world = share
@@ -823,7 +823,7 @@ def lora_ttt(run):
     return sums.cpu()
 
 def new_adapters(model, hp, rows, device):
-    """`rows` documents' adapters: A uniform (as nn.Linear), B zero: the model starts unchanged."""
+    """Adapters for `rows` documents: A uniform (nn.Linear's init), B zero, so the model starts as it is."""
     dim = model.tok_emb.embedding_dim
     kv_dim = model.blocks[0].attn.c_k.out_features
 
@@ -1002,7 +1002,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
 
 def dequantize_state_dict(obj):
-    """State dict: integers times row steps (+ LQER's A B), the rest as stored, in its dtypes."""
+    """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in its dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
     for name in [name for name in weights if name.endswith(".lqer_a")]:
         W = weights[name.removesuffix(".lqer_a")]
@@ -1237,7 +1237,7 @@ def warmup(run, optimizers):
 
 @dataclass
 class LoopState:
-    """Training's state (with weights and data: all a resume needs); it clocks training only."""
+    """Where training stands (with weights and data: all a resume needs); its clock counts training only."""
     step: int = 0
     training_time_ms: float = 0.0
     elapsed_ms: float = 0.0  # the clock all ranks agreed on after the last step
@@ -1264,7 +1264,7 @@ class LoopState:
         self.start_clock(self.device)
 
 def agree(values, layout):
-    """Ranks' max of host values, read back (like the challenge's stop): one process reads no device."""
+    """The max over ranks of host values, read back (as the challenge's stop): one process reads no device."""
     if not layout.distributed:
         return values
     # on the host: gloo reduces it, and NCCL's device waits for nothing
