@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves, tree_map
 
+BUILD = "core"  # a build of the technique stack (stack/) on this core: what tools/build_trainer.py wrote
 # ---- HYPERPARAMETERS ----
 class ConfigError(ValueError):
     """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
@@ -1358,6 +1359,7 @@ class RunLog:
                 f.write(run.source + b"\n==== end of source ====\n")
         for line in description:
             self(line)
+        self(f"build: {BUILD}")
         self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
         layout = run.layout
         self(f"world_size:{layout.world_size} grad_accum_steps:{layout.grad_accum_steps} "
