@@ -27,17 +27,6 @@ import torch.distributed as dist
 
 import settings
 
-# A resume refuses a checkpoint that differs in any of these: its weights would not fit, or mean another model.
-# tests/test_checkpoints.py fails when the model reads a setting that is in neither this list nor the next.
-MODEL_SHAPE_SETTINGS = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
-                        "rope_base", "logit_softcap", "mlp_leaky_slope", "rope_dims", "ln_scale", "xsa_last_n",
-                        "smear_gate_enabled", "bigram_vocab_size", "bigram_dim", "loop_start", "loop_end",
-                        "num_loops", "parallel_start_layer", "skip_gates_enabled", "sparse_attn_gate_enabled")
-# The model reads these only at construction, for what a resume replaces or builds anew (the weights' init, the
-# length of RoPE's unsaved table): they may differ.
-INIT_ONLY_SETTINGS = ("qk_gain_init", "ortho_init", "tied_embed_init_std", "train_seq_len")
-
-
 # A checkpoint on ARTIFACT_DIR's disk leaves this much free: the artifact (16,000,000 bytes at most, with its
 # code) and the log's last lines.
 ARTIFACT_ROOM = 17_000_000
@@ -88,7 +77,10 @@ class Keeper:
         self.shards = shards
         self.error = error
         self.stop = None
-        self.meta = self.resolve_resume() if hp.resume else None
+        self.folder = None  # the checkpoint a resume continues from
+        self.meta = None
+        if hp.resume:
+            self.folder, self.meta = self.resolve_resume()
 
     @property
     def signum(self) -> int:
@@ -107,9 +99,10 @@ class Keeper:
                              "the checkpoint; continue it under a new RUN_ID")
         return True
 
-    def resolve_resume(self) -> dict:
-        """RESUME as a checkpoint folder (latest: the newest of RUN_ID), its meta read and checked: a
-        damaged checkpoint, another model's, or one with a later history of its own is refused."""
+    def resolve_resume(self) -> tuple[Path, dict]:
+        """RESUME as a checkpoint folder (latest: the newest of RUN_ID) and its meta, read and checked: a damaged
+        checkpoint, another model's (a setting of the model's config, GPTConfig, differs), or one with
+        a later history of its own is refused."""
         hp, error = self.hp, self.error
         root = Path(hp.checkpoint_dir) / hp.run_id
         folder = Path(hp.resume)
@@ -130,24 +123,24 @@ class Keeper:
         defaults = asdict(type(hp)())  # a checkpoint older than a setting ran its default
         # one written before the settings took the field's names (2026-11-25) has them under their old names
         old_names = {new.lower(): old.lower() for old, new in settings.INSTEAD.items() if new}
-        for name in MODEL_SHAPE_SETTINGS:
-            logged = meta["hyperparameters"]
+        logged = meta["hyperparameters"]
+        for name, value in asdict(hp.model_config).items():
             saved = logged.get(name, logged.get(old_names.get(name), defaults[name]))
-            if saved != getattr(hp, name):
+            if saved != value:
                 raise error(f"RESUME={folder}: the checkpoint has {name.upper()}={saved} but this run has "
-                            f"{name.upper()}={getattr(hp, name)}; set it to match")
+                            f"{name.upper()}={value}; set it to match")
         newer = [p for p in checkpoint_folders(root) if p.name > folder.name]
         if meta["run_id"] == hp.run_id and newer:  # its next checkpoints would interleave with another history
             raise error(f"RESUME={folder}: RUN_ID={hp.run_id} already has later checkpoints ({newer[-1].name});"
                         " resume the newest with RESUME=latest, or continue this one under a new RUN_ID")
-        hp.resume = str(folder)
-        return meta
+        return folder, meta
 
     def read_meta(self, folder: Path) -> dict:
         # the tensors are mapped, not read: this finds a damaged file, not a flipped bit
         meta = json.loads((folder / "meta.json").read_text())
         saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=True, mmap=True)
-        missing = {"model", "adam", "muon", "ema"} - saved.keys() or {"run_id", "source_sha256"} - meta.keys()
+        missing = {"model", "adam", "muon", "ema"} - saved.keys()
+        missing |= {"run_id", "source_sha256"} - meta.keys()
         if missing:
             raise ValueError(f"its state.pt holds {sorted(saved)} and its meta.json {sorted(meta)}")
         index, pos = meta["loader"]
@@ -163,7 +156,7 @@ class Keeper:
         self.stop = StopSignal()
         if not self.meta:
             return {}
-        folder = Path(self.hp.resume)
+        folder = self.folder
         saved = torch.load(folder / "state.pt", map_location=run.layout.device, weights_only=True)
         run.model.load_state_dict(saved["model"])
         if hasattr(run.model, "loop_on"):  # the depth-recurrence phase the checkpoint was saved in

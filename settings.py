@@ -1,11 +1,11 @@
-"""settings.py: what train_gpt.py's settings may be, checked before any work, and its --help.
+"""settings.py: what train_gpt.py's settings and inputs may be, checked before any work, and its --help.
 
 train_gpt.py imports this module when it sits beside it: names that look like settings but are not
 (typos, our former names, retired ones, the field's that the trainer lacks) are refused all at once,
-and so are values the settings alone make impossible. A record folder's copy of train_gpt.py runs
-without it, unchecked, and its log says so. Checks that need the data, the tokenizer or the number of
-processes stay in the trainer. This module imports nothing of the trainer: it reads train_gpt.py's
-source for the help (and for tools/settings_table.py's table), and is handed the settings it checks.
+and so are values the settings alone make impossible, tokenizers that add a space to every document, and
+validation data whose documents do not decode to the bytes val_bpb counts for them. A record folder's copy of
+train_gpt.py runs without it, unchecked, and its log says so. This module imports nothing of the trainer: it
+reads train_gpt.py's source for the help (and for tools/settings_table.py's table), and is handed what it checks.
 It also writes what serves the operator, not the run's result: the log's lines on the versions, the hardware
 and the command that reproduces the run (the resume's command too), and the errors that end a run.
 """
@@ -16,9 +16,12 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import traceback
 from dataclasses import fields
 from pathlib import Path
+
+import numpy as np
 
 TRAINER = Path(__file__).with_name("train_gpt.py")
 
@@ -114,8 +117,9 @@ def writable(folder):
     return existing, existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
-def problems(hp):
-    """A line for each value that the settings alone make impossible: the variable, its value, the fix."""
+def problems(hp, world_size=1):
+    """A line for each value that the settings alone make impossible with world_size processes: the variable,
+    its value, the fix."""
     values = vars(hp)
     found = []
     def require(ok, message):
@@ -132,12 +136,20 @@ def problems(hp):
         require(values[name] in allowed, f"{name.upper()}={values[name]!r} must be one of {allowed}")
     if found:  # the checks below assume sane values
         return found
+    if not hp.grad_accum_steps and 8 % world_size:
+        return [f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS"]
+    per_micro = world_size * hp.micro_steps(world_size) * hp.train_seq_len
+    batch = hp.train_batch_tokens
+    require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
+    val_batch = hp.val_batch_size
+    require(val_batch >= per_micro, f"VAL_BATCH_SIZE={val_batch}: use at least {per_micro}")
     folders = [("ARTIFACT_DIR", hp.artifact_dir)]
     if hp.save_every or hp.resume:
         folders.append(("CHECKPOINT_DIR", hp.checkpoint_dir))
     for name, folder in folders:
         existing, ok = writable(Path(folder))
         require(ok, f"{name}={folder}: {existing} is not a writable directory; choose another")
+    require(hp.resume != "latest" or hp.run_id, "RESUME=latest: set RUN_ID to the run to resume")
     if hp.run_id:
         plain = Path(hp.run_id).name == hp.run_id and not hp.run_id.startswith(".") and len(hp.run_id) <= 200
         require(plain, f"RUN_ID={hp.run_id!r} names files: use a plain name (no '/', no leading '.', at most 200 "
@@ -182,6 +194,156 @@ def problems(hp):
     return found
 
 
+# ---- the data ----
+DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024,"
+             " TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py the field's")
+# The challenge's shards (data/shards.py writes them): 256 little-endian int32 (magic, version, token count,
+# zeros), then the token ids as little-endian uint16.
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+SHARD_HEADER_BYTES = 256 * 4
+
+
+def shards_problems(pattern, what, files) -> list[str]:
+    """No shard matches the pattern, or none holds a token."""
+    folder = Path(pattern).parent
+    if not folder.is_dir():
+        return [f"DATA_PATH={folder} is not a directory. {DATA_HINT}"]
+    if not files:
+        return [f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}"]
+    if not any(np.fromfile(f, dtype="<i4", count=3)[2] for f in files if Path(f).is_file()):
+        return [f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them"]
+    return []
+
+
+def shard_problems(path, vocab_size=None) -> list[str]:
+    """What makes a file no shard of the challenge's format (with vocab_size: ids the tokenizer lacks), first."""
+    path = Path(path)
+    fix = "rebuild or re-download this shard (see data/README.md)"
+    if not path.is_file():
+        return [f"{path}: not a readable file; {fix}"]
+    size = path.stat().st_size
+    if size < SHARD_HEADER_BYTES:
+        return [f"{path}: {size} bytes is shorter than the shard header; {fix}"]
+    magic, version, num_tokens = np.fromfile(path, dtype="<i4", count=3).tolist()
+    if (magic, version) != (SHARD_MAGIC, SHARD_VERSION):
+        return [f"{path}: magic number {magic}, version {version}: not a token shard ({SHARD_MAGIC}, "
+                f"{SHARD_VERSION}), as data/shards.py writes them; {fix}"]
+    expected = SHARD_HEADER_BYTES + 2 * num_tokens
+    if size != expected:
+        damage = "truncated" if size < expected else "has trailing bytes"
+        return [f"{path}: {size} bytes, not the {expected} of its header: {damage}; {fix}"]
+    if vocab_size is None or not num_tokens:
+        return []
+    tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
+    if int(tokens.max()) < vocab_size:
+        return []
+    bad = int(np.argmax(tokens >= vocab_size))
+    return [f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: the shard was made "
+            "with another tokenizer; set TOKENIZER_PATH and VOCAB_SIZE to its own"]
+
+
+# ---- the tokenizer and the validation bytes ----
+# val_bpb divides by the UTF-8 bytes of the text behind the scored tokens, which train_gpt.py reads off its
+# tokenizer's tables (or a CaseOps sidecar). These checks refuse what those tables would miscount.
+SPACE = "\u2581"  # SentencePiece's space symbol
+
+# The field's lossless case transform (CaseOps v1) writes lower case, each ASCII word's case an operator before it
+# (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
+CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
+
+
+def case_word(match) -> str:
+    """One operator of CaseOps text and what follows it, as the original text."""
+    escaped, title, caps, capital = match.groups()
+    return escaped or (title or caps or capital).upper()
+
+
+def case_restore(text: str) -> str:
+    """The original of CaseOps text; text without operators as it is."""
+    return CASE_OPERATORS.sub(case_word, text)
+
+
+def tokenizer_problems(tokenizer_path, vocab_size, read_pieces) -> list[str]:
+    """A tokenizer that read_pieces (the trainer's reader: (kind, piece) of each id, and the decoder) cannot read,
+    of another size than VOCAB_SIZE, without BOS at id 1, or (a SentencePiece model) adding a space to every
+    document, which the byte tables would count as text."""
+    name = f"TOKENIZER_PATH={tokenizer_path}"
+    if not Path(tokenizer_path).is_file():
+        return [f"{name} is not a file. {DATA_HINT}"]
+    try:
+        pieces, _ = read_pieces(Path(tokenizer_path))
+    except Exception as e:
+        return [f"{name} cannot be read as a tokenizer ({type(e).__name__}: {e}); it must be a SentencePiece "
+                f".model or a byte tokenizer .json. {DATA_HINT}"]
+    if len(pieces) != vocab_size:
+        return [f"VOCAB_SIZE={vocab_size} does not match {name}, which has {len(pieces)} ids; "
+                f"set VOCAB_SIZE={len(pieces)}"]
+    if pieces[1][0] != "control":
+        return [f"{name}: id 1 is not BOS; train it with bos_id=1"]
+    if str(tokenizer_path).endswith(".json"):
+        return []
+    import sentencepiece as spm
+    added = spm.SentencePieceProcessor(model_file=str(tokenizer_path)).normalize("a")
+    if added.endswith(SPACE):
+        return [f"{name} adds a space after each document (treat_whitespace_as_suffix)"]
+    if added == SPACE + "a":
+        return [f"{name} adds a space before each document: use add_dummy_prefix=False"]
+    return []
+
+
+def validation_problems(tokens, counted, share, hp, sidecar, read_pieces) -> list[str]:
+    """The validation split's: a byte count for each token, a window of TRAIN_SEQ_LEN + 1 with text, and each
+    document of share = (rank, world) counted as its text's bytes, decoded by the tokenizer that read_pieces (the
+    trainer's reader) reads (a sidecar's counts too, unless SIDECAR_BYTES=trust)."""
+    what = f"DATA_PATH={hp.data_path} validation split"
+    if sidecar:
+        what += " (its byte sidecar; SIDECAR_BYTES=trust scores by it unchecked)"
+    if len(counted) != len(tokens):
+        return [f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild"]
+    seq_len = hp.train_seq_len
+    usable = ((tokens.numel() - 1) // seq_len) * seq_len
+    if usable == 0 or not counted[1:usable + 1].any():
+        pattern = Path(hp.data_path) / "fineweb_val_[0-9]*.bin"
+        return [f"DATA_PATH: the validation split {pattern} holds {tokens.numel()} tokens ({int(counted.sum())} "
+                f"bytes of text), not one window of {seq_len} + 1 with text; lower TRAIN_SEQ_LEN or build more "
+                "validation data"]
+    if sidecar and hp.sidecar_bytes == "trust":
+        return []
+    import torch
+    pieces, decode = read_pieces(Path(hp.tokenizer_path))
+    no_text = torch.tensor([kind == "control" for kind, _ in pieces])
+    return byte_problems(tokens, counted, decode, no_text, what, share, sidecar)
+
+
+def byte_problems(tokens, counted, decode, no_text, what, share=(0, 1), caseops=False) -> list[str]:
+    """The first document of share = (rank, world) whose tokens are not counted as its text's bytes, or a token
+    whose bytes are unknown (<unk>). tokens and counted are the split's; decode makes text of ids, and no_text
+    (bool, per id) marks the control ids after which a document starts; with caseops, the text is restored from
+    CaseOps before it is measured."""
+    if (counted < 0).any():
+        return [f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, text the tokenizer could not "
+                "write, so its bytes are unknown; use a tokenizer trained with byte_fallback=True"]
+    ids = tokens.numpy()
+    sums = np.concatenate(([0], counted.numpy().cumsum()))
+    starts = no_text[tokens.long()].nonzero().flatten().tolist()
+    if not no_text[tokens[0]]:  # text before the first BOS is a document too
+        starts.insert(0, -1)
+    bounds = list(zip(starts, starts[1:] + [len(ids)]))
+    for doc in range(share[0], len(bounds), share[1]):
+        a, b = bounds[doc]
+        text = decode(ids[a + 1:b].tolist())
+        if caseops:
+            text = case_restore(text)
+        expected = len(text.replace(SPACE, " ").encode("utf-8"))
+        found = sums[b] - sums[a + 1]
+        if found != expected:
+            return [f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes to {expected} bytes "
+                    f"but the byte tables count {found}; this tokenizer writes text in a way val_bpb cannot count "
+                    "exactly: please report it with the tokenizer"]
+    return []
+
+
 # ---- --help ----
 # A field of Hyperparameters: its name, its default, its comment (methods are indented deeper).
 FIELD = re.compile(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", re.M)
@@ -190,7 +352,8 @@ FIELD = re.compile(r"^    (\w+): \w+ = (.+?)(?:  # (.*))?$", re.M)
 def rows(trainer=TRAINER):
     """(NAME, default as written, meaning) per setting, in the order of Hyperparameters' lines."""
     source = trainer.read_text(encoding="utf-8")
-    fields = source.split("\nclass Hyperparameters:", 1)[1].split("@classmethod", 1)[0]
+    # the model's settings (GPTConfig), then the run's (Hyperparameters), up to the first method
+    fields = source.split("\nclass GPTConfig:", 1)[1].split("@classmethod", 1)[0]
     return [(name.upper(), default, meaning) for name, default, meaning in
             (m.groups("") for m in FIELD.finditer(fields))]
 
@@ -227,6 +390,21 @@ def log_failure(path, error, rank, plain) -> None:
     text = f"train_gpt.py: error: {error}" if isinstance(error, plain) else traceback.format_exc()
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"error: rank {rank}: {text.rstrip()}\n")
+
+
+def layout_problems(hp, layout) -> list[str]:
+    """What the hardware chosen rules out: flash attention (CUDA, bf16) takes head dims up to 256."""
+    head_dim = hp.model_dim // hp.num_heads
+    if layout.cuda and layout.use_bf16 and head_dim > 256:
+        return [f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS"]
+    return []
+
+
+def unwritten_artifact(path, needed, error) -> str:
+    """Why the artifact could not be written to path, its bytes needed and free, and where to turn."""
+    free = shutil.disk_usage(path.parent).free
+    return (f"ARTIFACT_DIR={path.parent}: {error.strerror}: the artifact needs {needed} bytes and {free} are free; "
+            "free space there or set ARTIFACT_DIR elsewhere")
 
 
 def setting_names(hp) -> list[str]:

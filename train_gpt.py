@@ -1,13 +1,14 @@
-"""train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as settings)
-with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact val_bpb, on
-8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md). Every setting is
-an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this file, then
-every console line. Beside it, imported when used, for the operator: settings.py (the settings' checks,
---help, the log's description and errors) and checkpoints.py. Cap: 1500 lines."""
+"""train_gpt.py: the Parameter Golf speedrun in one file. It trains a small GPT (the field's levers as
+settings) with Muon and Adam under a wallclock cap, exports low-bit compressed weights and scores their exact
+val_bpb, on 8xH100 (torchrun --standalone --nproc_per_node=8 train_gpt.py), one GPU or the CPU (README.md).
+Every setting is an environment variable named as the field names it. Rank 0 writes logs/<RUN_ID>.txt: this
+file, then every line. Beside it, for the operator: settings.py (checks, --help, the log's description and
+errors) and checkpoints.py. The core (cap: 1500 lines): tools/build_trainer.py builds the stack on it."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import glob
 import hashlib
@@ -16,17 +17,14 @@ import io
 import json
 import math
 import os
-import re
-import shutil
 import sys
 import time
 import uuid
-import zlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -37,18 +35,60 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._pytree import tree_leaves, tree_map
 
-BUILD = "core"  # a build of the technique stack (stack/) on this core: what tools/build_trainer.py wrote
-# ---- HYPERPARAMETERS ----
-class ConfigError(ValueError):
-    """A bad setting or input (raised before any work), or a run that cannot go on: no traceback."""
+BUILD = "core"  # a build of the stack: its name and the core's commit (tools/build_trainer.py)
 
-def require(ok, message):
+# ---- ERRORS ----
+# A bad setting or input, and a run that cannot go on, end a run with one line; a bug keeps its traceback.
+class ConfigError(ValueError):
+    """A bad setting or input: the variable or file, its value, and the fix."""
+
+class RunError(RuntimeError):
+    """A run that cannot go on (divergence, a full disk, a score that is not finite): what to change."""
+
+STOPS = (ConfigError, RunError)
+
+def require(ok, message, error=ConfigError):
     if not ok:
-        raise ConfigError(message)
+        raise error(message)
+
+# ---- HYPERPARAMETERS ----
+# Every setting is an environment variable, a field's name upper-cased; settings.py checks them before any work.
+# The challenge's limits: the artifact's bytes (code and compressed weights), the final evaluation's time
+SUBMISSION_LIMIT_BYTES = 16_000_000
+EVAL_LIMIT_MS = 600_000
 
 @dataclass
-class Hyperparameters:
-    """Each setting; its environment variable is its upper-case name. --help prints each comment."""
+class GPTConfig:
+    """The model's settings, all GPT reads (a resume must match them); --help prints each comment."""
+    vocab_size: int = 1024  # must equal the tokenizer's
+    num_layers: int = 9  # blocks; the first half feed U-Net skips into the second
+    num_kv_heads: int = 4  # key/value heads (GQA)
+    model_dim: int = 512  # width
+    num_heads: int = 8  # query heads
+    mlp_mult: int = 2  # MLP hidden width = MLP_MULT x MODEL_DIM
+    rope_base: float = 10_000.0  # RoPE frequency base
+    logit_softcap: float = 30.0  # tanh cap on the logits
+    mlp_leaky_slope: float = 0.0  # MLP: leaky_relu(x, slope)^2; 0: relu^2 (the field: 0.5)
+    rope_dims: int = 0  # rotate only the first N dims of each head (partial RoPE); 0: all
+    ln_scale: bool = False  # scale each block's normed inputs by 1/sqrt(layer index + 1)
+    xsa_last_n: int = 0  # exclusive self-attention in the last N layers
+    smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, not across BOS
+    bigram_vocab_size: int = 0  # rows of a hashed (previous, current) token-pair embedding; 0: off
+    bigram_dim: int = 128  # width of the BigramHash rows (projected to MODEL_DIM)
+    num_loops: int = 0  # depth recurrence: extra passes over LOOP_START..LOOP_END; 0: off
+    loop_start: int = 0  # the first of the looped layers
+    loop_end: int = 0  # the last of the looped layers (inclusive)
+    parallel_start_layer: int = 0  # from this layer, two residual lanes (attention | MLP); 0: off
+    skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g = 0 at init
+    sparse_attn_gate_enabled: bool = False  # head h's output * sigmoid(0.5 w_h . x[:12]), w zero
+    qk_gain_init: float = 1.5  # initial per-head gain on the RMS-normed queries
+    ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections: zero)
+    tied_embed_init_std: float = 0.005  # init std of the tied embedding
+    train_seq_len: int = 1024  # training (and plain validation) sequence length
+
+@dataclass
+class Hyperparameters(GPTConfig):
+    """Every setting, the model's and the run's; its environment variable is its upper-case name."""
     data_path: str = "./data/datasets/fineweb10B_sp1024"  # folder of fineweb_{train,val}_*.bin shards
     tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"  # SentencePiece .model or byte .json
     run_id: str = ""  # names the log, the artifact and the checkpoints; empty: a random uuid
@@ -59,39 +99,14 @@ class Hyperparameters:
     train_log_every: int = 200  # a step line every N steps (and the first 10)
     iterations: int = 20_000  # step cap
     warmdown_iters: int = 1200  # LR to 0 in the last N steps (N x step time under a wallclock cap)
-    warmdown_frac: float = 0.0  # ... or in this fraction of the step or time budget; 0: by steps
+    warmdown_frac: float = 0.0  # LR to 0 in this fraction of the step or time budget instead; 0: by steps
     min_lr: float = 0.0  # a floor under the LR multiplier
     warmup_steps: int = 20  # compile-priming steps, undone before training
     train_batch_tokens: int = 524_288  # tokens per optimizer step, over all ranks
-    train_seq_len: int = 1024  # training (and plain validation) sequence length
     max_wallclock_seconds: float = 600.0  # training-time cap; 0: none
     grad_accum_steps: int = 0  # micro-steps per step; 0: 8 // world size (1 and 8 GPUs: same step)
-    vocab_size: int = 1024  # must equal the tokenizer's
-    num_layers: int = 9  # blocks; the first half feed U-Net skips into the second
-    num_kv_heads: int = 4  # key/value heads (GQA)
-    model_dim: int = 512  # width
-    num_heads: int = 8  # query heads
-    mlp_mult: int = 2  # MLP hidden width = MLP_MULT x MODEL_DIM
-    rope_base: float = 10_000.0  # RoPE frequency base
-    logit_softcap: float = 30.0  # tanh cap on the logits
-    qk_gain_init: float = 1.5  # initial per-head gain on the RMS-normed queries
-    mlp_leaky_slope: float = 0.0  # MLP: leaky_relu(x, slope)^2; 0: relu^2 (the field: 0.5)
-    rope_dims: int = 0  # rotate only the first N dims of each head (partial RoPE); 0: all
-    ln_scale: bool = False  # scale each block's normed inputs by 1/sqrt(layer index + 1)
-    xsa_last_n: int = 0  # exclusive self-attention in the last N layers
-    smear_gate_enabled: bool = False  # gated mix of the previous token's embedding, not across BOS
-    bigram_vocab_size: int = 0  # rows of a hashed (previous, current) token-pair embedding; 0: off
-    bigram_dim: int = 128  # its width (projected to MODEL_DIM)
-    num_loops: int = 0  # depth recurrence: extra passes over LOOP_START..LOOP_END; 0: off
-    loop_start: int = 0  # the first of the looped layers
-    loop_end: int = 0  # the last of them (inclusive)
     enable_looping_at: float = 0.5  # the fraction of the step or time budget from which they loop
-    parallel_start_layer: int = 0  # from this layer, two residual lanes (attention | MLP); 0: off
-    skip_gates_enabled: bool = False  # U-Net skips as lerp(w * skip, x, sigmoid(g)), g = 0 at init
-    sparse_attn_gate_enabled: bool = False  # head h's output * sigmoid(0.5 w_h . x[:12]), w zero
-    ortho_init: bool = False  # orthogonal Q, K, V and MLP input matrices (output projections: zero)
     tied_embed_lr: float = 0.05  # Adam LR of the tied embedding
-    tied_embed_init_std: float = 0.005  # init std of the tied embedding
     matrix_lr: float = 0.04  # Muon LR of the block matrices
     scalar_lr: float = 0.04  # Adam LR of vectors and control tensors
     muon_momentum: float = 0.95  # Muon momentum after its warmup
@@ -105,27 +120,27 @@ class Hyperparameters:
     adam_eps: float = 1e-8  # Adam epsilon
     grad_clip_norm: float = 0.0  # clip the global norm of the averaged gradients; 0: off
     muon_wd: float = 0.0  # decoupled weight decay p <- p * (1 - lr * wd) of Muon's matrices
-    embed_wd: float = 0.0  # ... of the embeddings (AdamW)
-    adam_wd: float = 0.0  # ... of the vectors and control tensors (AdamW)
+    embed_wd: float = 0.0  # decoupled weight decay of the embeddings (AdamW)
+    adam_wd: float = 0.0  # decoupled weight decay of the vectors and control tensors (AdamW)
     ema_decay: float = 0.0  # the EMA of the weights is what validates and exports; 0: off
     eval_stride: int = 0  # sliding evaluation: each window of TRAIN_SEQ_LEN scores its last STRIDE; 0: off
     sliding_window_enabled: bool = True  # with EVAL_STRIDE, the sliding pass; 0: off if TTT scores
     ttt_enabled: bool = False  # score-first per-document LoRA TTT after the round trip: the score
     ttt_lora_rank: int = 96  # rank of a document's adapters (q, k, v, attention/MLP outputs, head)
-    ttt_lora_lr: float = 0.0001  # their AdamW's LR
-    ttt_beta2: float = 0.999  # ... beta2 (beta1: 0, the field's)
-    ttt_weight_decay: float = 1.0  # ... decoupled weight decay
+    ttt_lora_lr: float = 0.0001  # the adapters' AdamW LR
+    ttt_beta2: float = 0.999  # the adapters' AdamW beta2 (beta1: 0, the field's)
+    ttt_weight_decay: float = 1.0  # the adapters' AdamW decoupled weight decay
     ttt_chunk_size: int = 48  # each document is scored, then trained on, in chunks of N tokens
     ttt_batch_size: int = 64  # documents adapted side by side (similar lengths, the longest first)
     matrix_bits: int = 8  # width of the block matrices' integers: 4 to 8 bits, a byte each
-    embed_bits: int = 8  # ... of the token embedding's
+    embed_bits: int = 8  # width of the token embedding's integers: 4 to 8 bits
     matrix_clip_sigmas: float = 0.0  # each row's clip at k of its stds; 0: the searched clip
-    attn_clip_sigmas: float = 0.0  # ... for attention matrices; 0: MATRIX_CLIP_SIGMAS
-    mlp_clip_sigmas: float = 0.0  # ... for MLP matrices; 0: MATRIX_CLIP_SIGMAS
-    embed_clip_sigmas: float = 0.0  # ... for the embedding; 0: the searched clip
+    attn_clip_sigmas: float = 0.0  # the clip in row stds of attention matrices; 0: MATRIX_CLIP_SIGMAS
+    mlp_clip_sigmas: float = 0.0  # the clip in row stds of MLP matrices; 0: MATRIX_CLIP_SIGMAS
+    embed_clip_sigmas: float = 0.0  # the clip in row stds of the embedding; 0: the searched clip
     lqer_enabled: bool = False  # LQER: a low-rank int2 x int4 correction of quantization errors
-    lqer_rank: int = 4  # its rank
-    lqer_top_k: int = 3  # ... for the matrices whose error is largest
+    lqer_rank: int = 4  # the rank of LQER's correction
+    lqer_top_k: int = 3  # LQER corrects the K matrices whose error is largest
     gptq: bool = False  # full-Hessian GPTQ export; 0: round-to-nearest
     gptq_calib_seqs: int = 64  # calibration sequences of TRAIN_SEQ_LEN, over all ranks
     gptq_reserve_seconds: float = 0.0  # from MAX_WALLCLOCK_SECONDS, to calibrate on training data
@@ -144,8 +159,7 @@ class Hyperparameters:
     @classmethod
     def from_env(cls, environ=os.environ, world_size=1) -> Hyperparameters:
         """The settings in environ, once settings.py (beside this file) refused what cannot work."""
-        problems = settings_module().environ_problems(environ, cls())
-        require(not problems, "\n".join(problems))
+        check("environ_problems", environ, cls())
         hp = cls(**{f.name: as_setting(environ[f.name.upper()], f.default)
                     for f in fields(cls) if f.name.upper() in environ})
         hp.validate(world_size)
@@ -161,37 +175,36 @@ class Hyperparameters:
     def export_tag(self):  # names the artifact and the final lines: final_int6_brotli_roundtrip
         return f"int{self.matrix_bits}_{self.compressor}"
 
-    def windows(self, sliding):
-        """(length, stride) of scoring windows, TRAIN_SEQ_LEN long: back to back, or EVAL_STRIDE apart."""
-        return self.train_seq_len, (sliding and self.eval_stride) or self.train_seq_len
+    @property
+    def model_config(self) -> GPTConfig:
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)})
 
-    def micro_steps(self, world_size):  # 8 // world size: 1 and 8 GPUs take the same step
-        fits = self.grad_accum_steps or 8 % world_size == 0
-        require(fits, f"{world_size} processes: launch 1, 2, 4 or 8, or set GRAD_ACCUM_STEPS")
+    def windows(self, sliding):
+        """(length, stride) of scoring windows: TRAIN_SEQ_LEN, side by side or (sliding) EVAL_STRIDE apart."""
+        stride = self.eval_stride if sliding else self.train_seq_len
+        return self.train_seq_len, stride
+
+    def micro_steps(self, world_size):  # GRAD_ACCUM_STEPS; 0: 8 // world size (1 and 8 GPUs: the same step)
         return self.grad_accum_steps or 8 // world_size
 
     def validate(self, world_size=1):
-        """Refuse what the settings rule out (settings.py's checks), and what the processes do."""
-        problems = settings_module().problems(self)
-        require(not problems, "\n".join(problems))
-        per_micro = world_size * self.micro_steps(world_size) * self.train_seq_len
-        batch, val_batch = self.train_batch_tokens, self.val_batch_size
-        require(batch % per_micro == 0, f"TRAIN_BATCH_TOKENS={batch}: use a multiple of {per_micro}")
-        require(val_batch >= per_micro, f"VAL_BATCH_SIZE={val_batch}: use at least {per_micro}")
+        """Refuse what the settings rule out with this many processes (settings.py's checks)."""
+        check("problems", self, world_size)
 
-# settings.py's stand-in for a record folder's copy run alone: no checks; the log and --help say so
-ALONE = "settings.py is not beside this train_gpt.py"
-SKIPPED = f"settings: not checked; versions, hardware, command, errors not logged: {ALONE}"
-UNCHECKED = SimpleNamespace(environ_problems=lambda environ, hp: [], problems=lambda hp: [],
-                            describe_run=lambda layout, hp: [SKIPPED], log_failure=lambda *args: None,
-                            help_text=lambda: f"--help: {ALONE}")
+ALONE = "settings.py is not beside this train_gpt.py"  # a record folder's copy: unchecked
 
-def settings_module():
-    """settings.py (the checks, --help, the log's description and errors), if beside this file."""
+def settings_py(name, *args, alone=None):
+    """settings.py's function `name` called with args; `alone` where settings.py is not beside this file."""
     try:
-        return importlib.import_module("settings")
+        settings = importlib.import_module("settings")
     except ImportError:
-        return UNCHECKED
+        return alone
+    return getattr(settings, name)(*args)
+
+def check(name, *args):
+    """settings.py's check `name` of args: what it finds stops the run, before any work."""
+    problems = settings_py(name, *args, alone=[])
+    require(not problems, "\n".join(problems))
 
 def as_setting(text, default):
     """An environment variable's text as its setting's type: bool (1, true), int, float or str."""
@@ -200,6 +213,7 @@ def as_setting(text, default):
     return type(default)(text.strip())
 
 # ---- DEVICE ----
+# Hardware and numeric modes are chosen once, in setup(); the rest reads them from the Layout.
 @dataclass
 class Layout:
     """Where this process sits and how it computes: ranks, device, micro-steps per step, numeric modes."""
@@ -221,8 +235,9 @@ class Layout:
 
 def pick_device(local_rank, choice="auto"):
     """The one place that chooses hardware: DEVICE, or (auto) CUDA if there is one, else the CPU."""
-    cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
-    return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
 
 def synchronize(device):
     if device.type == "cuda":
@@ -235,6 +250,7 @@ def autocast(layout):
     return torch.autocast(device_type=layout.device.type, dtype=torch.bfloat16, enabled=layout.use_bf16)
 
 # ---- MUON OPTIMIZER ----
+# Muon (Jordan et al. 2024): the gradient's momentum, made about orthogonal by a few Newton-Schulz steps.
 # (a, b, c) per Newton-Schulz step, the last repeated: the quintic (modded-nanogpt); Polar Express (Amsel 2025)
 QUINTIC_COEFFS = ((3.4445, -4.7750, 2.0315),)
 POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
@@ -255,34 +271,35 @@ def zeropower_via_newtonschulz5(G, steps=5, eps=1e-7, dtype=torch.bfloat16, coef
         X = a * X + (b * A + c * A @ A) @ X
     return X.mT if transposed else X
 
-def muon_update(g, hp, dtype):
-    """A Nesterov gradient bank (n, rows, cols) as Muon's updates: equal-norm rows (MuonEq-R), then
-    orthogonalized; tall matrices scaled by sqrt(rows / cols), so their RMS update is comparable."""
-    if hp.muon_row_normalize:
+def muon_update(g, steps, coeffs, row_normalize, dtype):
+    """A Nesterov gradient bank (n, rows, cols) as Muon's updates: rows of equal norm (MuonEq-R), orthogonalized,
+    tall ones scaled by sqrt(rows / cols) so their RMS update is comparable."""
+    if row_normalize:
         g = g / g.norm(dim=-1, keepdim=True).clamp_min(1e-7)
-    coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
-    g = zeropower_via_newtonschulz5(g, hp.muon_backend_steps, dtype=dtype, coeffs=coeffs)
+    g = zeropower_via_newtonschulz5(g, steps, dtype=dtype, coeffs=coeffs)
     return g * max(1.0, g.size(-2) / g.size(-1)) ** 0.5
 
 class Muon(torch.optim.Optimizer):
     """Nesterov momentum (in the gradients, as modded-nanogpt), then orthogonalized updates of 2-D matrices in
-    banks of one shape: each rank takes every world_size-th matrix of a bank, batched, and the ranks sum each
-    bank's updates. The momentum buffers are made with the optimizer: a step allocates only its updates."""
+    banks of one shape: each rank takes every world_size-th matrix of a bank, and the ranks sum the updates."""
 
-    def __init__(self, params, hp, layout=Layout()):
-        super().__init__(params, dict(lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd))
-        self.update_dtype = torch.bfloat16 if layout.use_bf16 else torch.float32
+    def __init__(self, params, lr, momentum, weight_decay=0.0, backend_steps=5, coeffs=QUINTIC_COEFFS,
+                 row_normalize=False, bf16=False, compiled=False, rank=0, world_size=1):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        self.update_dtype = torch.bfloat16 if bf16 else torch.float32
         update = muon_update
-        if layout.use_compile:
+        if compiled:
             update = torch.compile(muon_update, dynamic=False, fullgraph=True)
-        self.orthogonalize = partial(update, hp=hp, dtype=self.update_dtype)
-        self.layout = layout
+        self.orthogonalize = partial(update, steps=backend_steps, coeffs=coeffs, row_normalize=row_normalize,
+                                     dtype=self.update_dtype)
+        self.rank = rank
+        self.world_size = world_size
         for p in self.param_groups[0]["params"]:
             self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     @torch.no_grad()
     def step(self, closure=None):
-        mine = slice(self.layout.rank, None, self.layout.world_size)
+        mine = slice(self.rank, None, self.world_size)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             momenta = [self.state[p]["momentum_buffer"] for p in params]
@@ -293,79 +310,39 @@ class Muon(torch.optim.Optimizer):
             torch._foreach_add_(grads, momenta, alpha=group["momentum"])
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
+
+            # a bank: this rank's matrices in one batch, others' rows zero until the ranks sum them
             banks = {}
             for p in params:
                 banks.setdefault(p.shape, []).append(p)
-            # a bank: this rank's matrices in one batch, others' rows zero until the ranks sum them
             for bank in banks.values():
                 updates = bank[0].new_zeros(len(bank), *bank[0].shape, dtype=self.update_dtype)
                 if bank[mine]:
                     updates[mine] = self.orthogonalize(torch.stack([p.grad for p in bank[mine]]))
-                if self.layout.distributed:
+                if self.world_size > 1:
                     dist.all_reduce(updates)
                 torch._foreach_add_(bank, updates.to(bank[0].dtype).unbind(), alpha=-group["lr"])
 
-Optimizers = NamedTuple("Optimizers", [("adam", torch.optim.AdamW), ("muon", Muon)])
-
-def build_optimizers(model, hp, layout):
-    """AdamW for the embeddings, vectors and control tensors; Muon for the other 2-D matrices."""
-    embeddings = [p for name, p in model.named_parameters() if name in ("tok_emb.weight", "bigram.weight")]
-    matrices = []
-    scalars = []
-    for name, p in model.named_parameters():
-        if any(p is e for e in embeddings):
-            continue
-        (matrices if p.ndim == 2 and not is_control(name) else scalars).append(p)
-    adam_groups = [dict(params=embeddings, lr=hp.tied_embed_lr, weight_decay=hp.embed_wd),
-                   dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
-    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
-                             fused=layout.cuda)
-    muon = Muon(matrices, hp, layout)
-    for group in adam.param_groups + muon.param_groups:  # the schedule scales each group's own LR
-        group["base_lr"] = group["lr"]
-    return Optimizers(adam, muon)
-
 # ---- DATA ----
-SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
+# The challenge's shards: a header, then the uint16 ids of documents, each begun by BOS, end to end.
 SHARD_HEADER_BYTES = 256 * 4  # 256 little-endian int32: magic, version, token count, zeros
 BOS_ID = 1  # every document starts with it (CHALLENGE.md, data format)
-DATA_HINT = ("HINT: python data/build_sotu.py builds the offline corpus (DATA_PATH=./data/datasets/sotu_sp1024,"
-             " TOKENIZER_PATH=./data/tokenizers/sotu_1024_bpe.model); data/download_challenge.py the field's")
 
 def shard_tokens(path, vocab_size=None):
-    """One shard's tokens, memory-mapped; its header, size and (with vocab_size) ids checked."""
-    path = Path(path)
-    fix = "rebuild or re-download this shard (see data/README.md)"
-    require(path.is_file(), f"{path}: not a readable file; {fix}")
-    size = path.stat().st_size
-    require(size >= SHARD_HEADER_BYTES, f"{path}: {size} bytes is shorter than the shard header; {fix}")
-    magic, version, num_tokens = np.fromfile(path, dtype="<i4", count=3).tolist()
-    header = (magic, version) == (SHARD_MAGIC, SHARD_VERSION)
-    require(header, f"{path}: magic number {magic}, version {version}: not a token shard ({SHARD_MAGIC}, "
-            f"{SHARD_VERSION}), as data/shards.py writes them; {fix}")
-    expected = SHARD_HEADER_BYTES + 2 * num_tokens
-    damage = "truncated" if size < expected else "has trailing bytes"
-    require(size == expected, f"{path}: {size} bytes, not the {expected} of its header: {damage}; {fix}")
-    tokens = np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
-    if vocab_size is not None and num_tokens and int(tokens.max()) >= vocab_size:
-        bad = int(np.argmax(tokens >= vocab_size))
-        raise ConfigError(f"{path}: token {bad} is id {int(tokens[bad])}, outside VOCAB_SIZE={vocab_size}: "
-                          "the shard was made with another tokenizer; "
-                          "set TOKENIZER_PATH and VOCAB_SIZE to its own")
-    return tokens
+    """One shard's tokens, memory-mapped, once settings.py checked its header, size and (vocab_size) ids."""
+    check("shard_problems", path, vocab_size)
+    num_tokens = int(np.fromfile(path, dtype="<i4", count=3)[2])
+    return np.memmap(path, dtype="<u2", mode="r", offset=SHARD_HEADER_BYTES, shape=(num_tokens,))
 
 def load_shards(pattern, what, vocab_size=None, share=(0, 1)):
     """The shards matching pattern, checked; with vocab_size, the ids of share = (rank, world)'s shards."""
     files = sorted(glob.glob(pattern))
-    require(bool(files), f"DATA_PATH: no {what} shards match {pattern}. {DATA_HINT}")
+    check("shards_problems", pattern, what, files)
     rank, world = share
-    shards = [shard_tokens(f, vocab_size if i % world == rank else None) for i, f in enumerate(files)]
-    require(sum(map(len, shards)) > 0, f"DATA_PATH: the {what} shards {pattern} hold no tokens; rebuild them")
-    return shards
+    return [shard_tokens(f, vocab_size if i % world == rank else None) for i, f in enumerate(files)]
 
-def train_pattern(hp):
-    return os.path.join(hp.data_path, "fineweb_train_*.bin")
+def train_pattern(data_path):
+    return os.path.join(data_path, "fineweb_train_*.bin")
 
 class DistributedTokenLoader:
     """The training shards in order, cycled; each rank keeps its span (+1) of each global chunk."""
@@ -398,17 +375,11 @@ class DistributedTokenLoader:
         return x, y
 
 # ---- TOKENIZER BYTE ACCOUNTING ----
+# val_bpb divides by the UTF-8 bytes of the text behind the scored tokens, read off per-id tables.
 SPACE = "\u2581"  # SentencePiece's space symbol: one byte of text
 
-@dataclass
-class Tokenizer:
-    """Per-id tables of the text behind each token, and the tokenizer's own decoder."""
-    decode: object
-    piece_bytes: Tensor  # int64 [V]: UTF-8 bytes of the id's text, a space symbol as 1; -1: <unk>
-    no_text: Tensor  # bool [V]: control ids (BOS...): a document starts after one
-
 def read_pieces(path):
-    """[(kind, piece)] by id, the decoder, what it makes of "a": SentencePiece or byte tokenizer."""
+    """(kind, piece) of each id, and the decoder: a SentencePiece model, or a byte tokenizer's .json."""
     if path.suffix != ".json":
         import sentencepiece as spm
         sp = spm.SentencePieceProcessor(model_file=str(path))
@@ -417,7 +388,8 @@ def read_pieces(path):
         for i in range(sp.vocab_size()):
             kind = next((name for test, name in kinds if test(i)), "text")
             pieces.append((kind, sp.id_to_piece(i)))
-        return pieces, sp.decode, sp.normalize("a")  # "\u2581a": it adds a space in front
+        return pieces, sp.decode
+
     spec = json.loads(path.read_text())
     if spec.get("tokenizer_type") != "pure_byte":
         raise ValueError(f"tokenizer_type {spec.get('tokenizer_type')!r} is not 'pure_byte'")
@@ -425,89 +397,42 @@ def read_pieces(path):
     pieces = [("byte" if 0 <= i - offset < 256 else "control", "") for i in range(int(spec["vocab_size"]))]
     def decode(ids):
         return bytes(i - offset for i in ids if 0 <= i - offset < 256).decode("utf-8", "replace")
-    return pieces, decode, ""
+    return pieces, decode
 
-def load_tokenizer(tokenizer_path, vocab_size) -> Tokenizer:
-    path = Path(tokenizer_path)
-    name = f"TOKENIZER_PATH={tokenizer_path}"
-    require(path.is_file(), f"{name} is not a file. {DATA_HINT}")
-    try:
-        pieces, decode, added = read_pieces(path)
-    except Exception as e:
-        raise ConfigError(f"{name} cannot be read as a tokenizer ({type(e).__name__}: {e}); it must be a "
-                          f"SentencePiece .model or a byte tokenizer .json. {DATA_HINT}") from None
-    require(len(pieces) == vocab_size, f"VOCAB_SIZE={vocab_size} does not match {name}, which has "
-            f"{len(pieces)} ids; set VOCAB_SIZE={len(pieces)}")
-    require(pieces[BOS_ID][0] == "control", f"{name}: id {BOS_ID} is not BOS; train it with bos_id=1")
-    # a space added to every document is not text, but its byte tables would count it
-    require(not added.endswith(SPACE), f"{name} adds a space after each document (treat_whitespace_as_suffix)")
-    require(added != SPACE + "a", f"{name} adds a space before each document: use add_dummy_prefix=False")
-    piece_bytes = [{"text": len(p.encode("utf-8")) - 2 * p.count(SPACE), "byte": 1, "unknown": -1}.get(kind, 0)
-                   for kind, p in pieces]
-    no_text = [kind == "control" for kind, _ in pieces]
-    return Tokenizer(decode, torch.tensor(piece_bytes), torch.tensor(no_text))
+KIND_BYTES = {"byte": 1, "control": 0, "unknown": -1}  # the other pieces' text bytes
 
-def check_token_bytes(tokens, counted, tok, what, share=(0, 1), restore=None):
-    """Refuse, naming it, a document of share = (rank, world) not counted as its text's bytes."""
-    if (counted < 0).any():
-        raise ConfigError(f"{what}: token {int((counted < 0).nonzero()[0])} is <unk>, "
-                          "text the tokenizer could not write, so its bytes are unknown; "
-                          "use a tokenizer trained with byte_fallback=True")
-    ids = tokens.numpy()
-    sums = np.concatenate(([0], counted.numpy().cumsum()))
-    starts = tok.no_text[tokens.long()].nonzero().flatten().tolist()
-    if not tok.no_text[tokens[0]]:  # text before the first BOS is a document too
-        starts.insert(0, -1)
-    bounds = list(zip(starts, starts[1:] + [len(ids)]))
-    for doc in range(share[0], len(bounds), share[1]):
-        a, b = bounds[doc]
-        text = tok.decode(ids[a + 1:b].tolist())
-        text = restore(text) if restore else text
-        expected = len(text.replace(SPACE, " ").encode("utf-8"))
-        found = sums[b] - sums[a + 1]
-        require(found == expected, f"{what}: document {doc} (tokens {a + 1}..{b}, {text[:40]!r}...) decodes "
-                f"to {expected} bytes but the byte tables count {found}; this tokenizer writes text in a way "
-                "val_bpb cannot count exactly: please report it with the tokenizer")
+def piece_text_bytes(kind, piece):
+    if kind == "text":  # its UTF-8 bytes, the space symbol's one
+        return len(piece.encode("utf-8")) - 2 * piece.count(SPACE)
+    return KIND_BYTES[kind]
 
-# The field's lossless case transform (CaseOps v1) writes lower case, each ASCII word's case an operator before it
-# (U+E001 title, U+E002 all caps) or a letter (U+E003 capital next); U+E004 escapes the next char.
-CASE_OPERATORS = re.compile("\ue004(.)|\ue001([A-Za-z])|\ue002([A-Za-z]+)|\ue003([A-Za-z])", re.S)
+def load_tokenizer(tokenizer_path, vocab_size) -> Tensor:
+    """The UTF-8 bytes of each id's text (int64 [V]), once settings.py has checked the tokenizer."""
+    check("tokenizer_problems", tokenizer_path, vocab_size, read_pieces)
+    pieces, _ = read_pieces(Path(tokenizer_path))
+    return torch.tensor([piece_text_bytes(kind, piece) for kind, piece in pieces])
 
-def case_restore(text):
-    """The original of CaseOps text; text without operators as it is."""
-    return CASE_OPERATORS.sub(lambda m: m[1] or (m[2] or m[3] or m[4]).upper(), text)
+# The validation tokens, the bytes of text behind each, and the tokens per evaluation batch
+Validation = NamedTuple("Validation", [("tokens", Tensor), ("bytes", Tensor), ("batch_tokens", int)])
 
-@dataclass
-class Validation:
-    """The validation tokens, the bytes of text behind each, and the tokens per evaluation batch."""
-    tokens: Tensor
-    bytes: Tensor
-    batch_tokens: int
-
-def load_validation(hp, tok, share=(0, 1), device=torch.device("cpu")) -> Validation:
+def load_validation(hp, piece_bytes, share=(0, 1), device=torch.device("cpu")) -> Validation:
     """Validation tokens, their bytes (a CaseOps sidecar's if any), checked, cut to full windows."""
     pattern = os.path.join(hp.data_path, "fineweb_val_[0-9]*.bin")
-    shards = load_shards(pattern, "validation", len(tok.piece_bytes))
+    shards = load_shards(pattern, "validation", len(piece_bytes))
     tokens = torch.from_numpy(np.concatenate(shards).astype(np.int32))
+
     sidecar = sorted(glob.glob(os.path.join(hp.data_path, "fineweb_val_bytes_*.bin")))
-    what = f"DATA_PATH={hp.data_path} validation split"
-    if sidecar:
+    if sidecar:  # the field's CaseOps data: each token's bytes of the original text
         counted = torch.from_numpy(np.concatenate([shard_tokens(f) for f in sidecar]).astype(np.int64))
-        what += " (its byte sidecar; SIDECAR_BYTES=trust scores by it unchecked)"
     else:
-        counted = tok.piece_bytes[tokens.long()]
-    require(len(counted) == len(tokens), f"{what}: {len(counted)} counts for {len(tokens)} tokens; rebuild")
-    if not (sidecar and hp.sidecar_bytes == "trust"):
-        check_token_bytes(tokens, counted, tok, what, share, case_restore if sidecar else None)
-    seq_len = hp.train_seq_len
-    usable = ((tokens.numel() - 1) // seq_len) * seq_len
-    require(usable > 0 and bool(counted[1:usable + 1].any()), f"DATA_PATH: the validation split {pattern} "
-            f"holds {tokens.numel()} tokens ({int(counted.sum())} bytes of text), not one window of "
-            f"{seq_len} + 1 with text; lower TRAIN_SEQ_LEN or build more validation data")
+        counted = piece_bytes[tokens.long()]
+    check("validation_problems", tokens, counted, share, hp, bool(sidecar), read_pieces)
+    usable = ((tokens.numel() - 1) // hp.train_seq_len) * hp.train_seq_len  # whole windows
     counted = counted[:usable + 1].to(torch.int16)
     return Validation(tokens[:usable + 1].to(device), counted.to(device), hp.val_batch_size)
 
 # ---- MODEL ----
+# The challenge's GPT and the field's levers, off by default; it reads only its GPTConfig (HYPERPARAMETERS).
 # Tensors that steer, not compute: Adam trains them (2-D ones too); the export keeps them in fp32.
 CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "skip_gates",
                        "lane_mix", "smear_lambda", "smear_gate", "attn_gate")
@@ -515,8 +440,8 @@ CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_w
 def is_control(name):
     return any(key in name for key in CONTROL_PARAM_NAMES)
 
-# The field's: its gates read a token's first GATE_WINDOW channels; BigramHash multiplies (current, previous)
-# ids, enters at BIGRAM_SCALE; a lane starts weighing [residual, attention, MLP] so; LoRA adds alpha / r x A^T B^T.
+# The field's constants: its gates read a token's first GATE_WINDOW channels; BigramHash multiplies (current,
+# previous) ids and enters at BIGRAM_SCALE; a lane starts at these weights; LoRA adds alpha / r x A^T B^T.
 GATE_WINDOW = 12
 ATTN_GATE_SCALE = 0.5
 BIGRAM_HASH = (36313, 27191)
@@ -533,10 +458,8 @@ class CastedLinear(nn.Linear):
     def forward(self, x):
         return F.linear(x, self.weight.to(x.dtype))
 
-class Adapters(NamedTuple):
-    """Per-document TTT adapters (A, B): each layer's as run, by target, then the tied head's."""
-    layers: tuple
-    head: tuple | None = None
+# Per-document TTT adapters (A, B): each layer's as run, by target, then the tied head's
+Adapters = NamedTuple("Adapters", [("layers", tuple), ("head", tuple)])
 
 def adapt(y, x, lora):
     """y + alpha/r (x A^T) B^T: TTT LoRA per document, A (D, r, in), B (D, out, r), x (D, T, in)."""
@@ -570,24 +493,26 @@ def apply_rotary(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., rotated:]), dim=-1)
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, hp, layer):
+    def __init__(self, config, layer):
         super().__init__()
-        dim = hp.model_dim
-        self.head_dim = dim // hp.num_heads
-        kv_dim = hp.num_kv_heads * self.head_dim
-        self.xsa = layer >= hp.num_layers - hp.xsa_last_n
+        dim = config.model_dim
+        self.head_dim = dim // config.num_heads
+        kv_dim = config.num_kv_heads * self.head_dim
+        self.xsa = layer >= config.num_layers - config.xsa_last_n
         self.c_q = CastedLinear(dim, dim)
         self.c_k = CastedLinear(dim, kv_dim)
         self.c_v = CastedLinear(dim, kv_dim)
         self.proj = CastedLinear(dim, dim)
         nn.init.zeros_(self.proj.weight)
-        # computed once, not inside the kernels; not saved, and not broadcast by DDP
-        cos, sin = rotary_cos_sin(hp.train_seq_len, hp.rope_dims or self.head_dim, hp.rope_base)
+
+        # RoPE's tables, computed once, not inside the kernels; not saved, and not broadcast by DDP
+        cos, sin = rotary_cos_sin(config.train_seq_len, config.rope_dims or self.head_dim, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         # q and k are RMS-normalized, so attention's sharpness is learned here, per head
-        self.q_gain = nn.Parameter(torch.full((hp.num_heads,), hp.qk_gain_init, dtype=torch.float32))
-        self.attn_gate = optional(hp.sparse_attn_gate_enabled, torch.zeros(hp.num_heads, min(GATE_WINDOW, dim)))
+        heads = config.num_heads
+        self.q_gain = nn.Parameter(torch.full((heads,), config.qk_gain_init, dtype=torch.float32))
+        self.attn_gate = optional(config.sparse_attn_gate_enabled, torch.zeros(heads, min(GATE_WINDOW, dim)))
 
     def forward(self, x, lora):
         B, T, C = x.shape
@@ -604,6 +529,7 @@ class CausalSelfAttention(nn.Module):
         k = apply_rotary(k, cos, sin)
         gqa = k.size(1) != q.size(1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
+
         # exclusive self-attention: drop each head's component along its token's own value
         if self.xsa:
             # (B, Hkv, H / Hkv, T, hd): query heads by their group
@@ -611,6 +537,7 @@ class CausalSelfAttention(nn.Module):
             v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
             y = y.flatten(1, 2)
+
         if self.attn_gate is not None:
             gate = input_gate(x, self.attn_gate, ATTN_GATE_SCALE).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
@@ -632,18 +559,18 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Attention then MLP on one residual stream or two lanes (the field's PARALLEL_START_LAYER)."""
 
-    def __init__(self, hp, layer):
+    def __init__(self, config, layer):
         super().__init__()
-        dim = hp.model_dim
-        self.attn = CausalSelfAttention(hp, layer)
-        self.mlp = MLP(dim, hp.mlp_mult, hp.mlp_leaky_slope)
+        dim = config.model_dim
+        self.attn = CausalSelfAttention(config, layer)
+        self.mlp = MLP(dim, config.mlp_mult, config.mlp_leaky_slope)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
-        # row 0 weighs the residual stream, row 1 the first layer's input (init: the plain stream)
+        # its rows weigh the residual stream and the first layer's input x0 (init: the plain stream)
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
-        # LN_SCALE: normed inputs times 1 / sqrt(layer + 1), so deeper layers add less; off: times 1
-        self.norm_scale = (layer + 1) ** (-0.5 * hp.ln_scale)
-        self.lane_mix = optional(0 < hp.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
+        # LN_SCALE: normed inputs times 1 / sqrt(layer + 1), so deeper layers add less
+        self.norm_scale = (layer + 1) ** -0.5 if config.ln_scale else 1.0
+        self.lane_mix = optional(0 < config.parallel_start_layer <= layer, torch.tensor([LANE_MIX_INIT] * 2))
 
     def norm(self, x):
         return rms_norm(x) * self.norm_scale
@@ -651,18 +578,20 @@ class Block(nn.Module):
     def forward(self, lanes, x0, lora):
         """lanes: [(B, T, C)]: attention reads lane 0, the MLP the last; each lane adds both outputs
         with learned weights; lora: its TTT adapters by name (the outputs' read normed inputs)."""
-        mix = self.resid_mix.to(x0.dtype)
-        x = mix[0] * lanes[0] + mix[1] * x0
+        from_stream, from_x0 = self.resid_mix.to(x0.dtype)
+        x = from_stream * lanes[0] + from_x0 * x0
         n = self.norm(x)
         attn = self.attn_scale.to(x.dtype) * adapt(self.attn(n, lora), n, lora.get("attn_out"))
         if self.lane_mix is None:
             x = x + attn
             n = self.norm(x)
             return [x + self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.get("mlp_out"))]
+
         n = self.norm(lanes[1])
         mlp = self.mlp_scale.to(x.dtype) * adapt(self.mlp(n), n, lora.get("mlp_out"))
-        w = self.lane_mix.to(x.dtype)  # (lanes, 3)
-        return [w[i, 0] * lane + w[i, 1] * attn + w[i, 2] * mlp for i, lane in enumerate(lanes)]
+        weights = self.lane_mix.to(x.dtype)
+        return [keep * lane + from_attn * attn + from_mlp * mlp
+                for lane, (keep, from_attn, from_mlp) in zip(lanes, weights)]
 
 def lanes_mean(lanes):
     return lanes[0] if len(lanes) == 1 else torch.stack(lanes).mean(0)
@@ -675,38 +604,42 @@ def bigram_hash(idx, buckets):
     return torch.where(first | (idx == BOS_ID), buckets - 1, rows)
 
 class GPT(nn.Module):
-    def __init__(self, hp):
+    def __init__(self, config):
         super().__init__()
-        self.logit_softcap = hp.logit_softcap
-        self.tok_emb = nn.Embedding(hp.vocab_size, hp.model_dim)
+        self.logit_softcap = config.logit_softcap
+        self.tok_emb = nn.Embedding(config.vocab_size, config.model_dim)
         # BigramHash: fixed scale, Muon (the field's learned scale + Adam lost 0.010 bpb, 3 seeds)
-        self.bigram = self.bigram_proj = None
-        if hp.bigram_vocab_size:
-            self.bigram = nn.Embedding(hp.bigram_vocab_size, hp.bigram_dim)
-            self.bigram_proj = CastedLinear(hp.bigram_dim, hp.model_dim)
+        self.bigram = None
+        self.bigram_proj = None
+        if config.bigram_vocab_size:
+            self.bigram = nn.Embedding(config.bigram_vocab_size, config.bigram_dim)
+            self.bigram_proj = CastedLinear(config.bigram_dim, config.model_dim)
             nn.init.zeros_(self.bigram.weight)
         # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
-        self.smear_lambda = optional(hp.smear_gate_enabled, torch.zeros(1))
-        self.smear_gate = optional(hp.smear_gate_enabled, torch.zeros(min(GATE_WINDOW, hp.model_dim)))
-        self.blocks = nn.ModuleList(Block(hp, layer) for layer in range(hp.num_layers))
-        self.parallel_start_layer = hp.parallel_start_layer
+        self.smear_lambda = optional(config.smear_gate_enabled, torch.zeros(1))
+        self.smear_gate = optional(config.smear_gate_enabled, torch.zeros(min(GATE_WINDOW, config.model_dim)))
+
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.num_layers))
+        self.parallel_start_layer = config.parallel_start_layer
         # depth recurrence: the order the blocks run in once looping is on (set_looping)
-        first = list(range(hp.loop_end + 1))
-        looped = list(range(hp.loop_start, hp.loop_end + 1)) * hp.num_loops
-        self.looped_order = first + looped + list(range(hp.loop_end + 1, hp.num_layers))
+        first = list(range(config.loop_end + 1))
+        looped = list(range(config.loop_start, config.loop_end + 1)) * config.num_loops
+        self.looped_order = first + looped + list(range(config.loop_end + 1, config.num_layers))
         self.looping = False  # an attribute, which torch.compile guards on: a graph for each phase
         # the phase in the artifact's weights too, for its readers (set_looping writes it)
-        if hp.num_loops:
+        if config.num_loops:
             self.register_buffer("loop_on", torch.zeros((), dtype=torch.int8))
         # U-Net over the layers as run: the first half's outputs feed the second half, deepest first
-        self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, hp.model_dim))
-        self.skip_gates = optional(hp.skip_gates_enabled, torch.zeros_like(self.skip_weights))
-        if hp.ortho_init:
+        self.skip_weights = nn.Parameter(torch.ones(len(self.looped_order) // 2, config.model_dim))
+        self.skip_gates = optional(config.skip_gates_enabled, torch.zeros_like(self.skip_weights))
+        self.final_norm = nn.RMSNorm(config.model_dim, elementwise_affine=False)
+
+        # the initialization, in this order (the random draws follow it)
+        if config.ortho_init:
             for block in self.blocks:
                 for linear in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
                     nn.init.orthogonal_(linear.weight)
-        self.final_norm = nn.RMSNorm(hp.model_dim, elementwise_affine=False)
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=hp.tied_embed_init_std)
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=config.tied_embed_init_std)
 
     def set_looping(self, on):
         """Depth recurrence on or off: the one place the phase changes."""
@@ -735,7 +668,7 @@ class GPT(nn.Module):
         x0 = self.embed(idx)
         lanes = [x0]  # the residual stream; two lanes from PARALLEL_START_LAYER on
         order = self.layer_order()
-        lora = lora or Adapters(({},) * len(order))
+        lora = lora or Adapters(({},) * len(order), None)
         num_encoder = len(order) // 2
         skips = []
         for i, layer in enumerate(order):
@@ -747,6 +680,7 @@ class GPT(nn.Module):
             lanes = self.blocks[layer](lanes, x0, lora.layers[i])
             if i < num_encoder:
                 skips.append(lanes_mean(lanes))
+
         x = self.final_norm(lanes_mean(lanes))
         logits = adapt(F.linear(x, self.tok_emb.weight.to(x.dtype)), x, lora.head).float()
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
@@ -763,39 +697,48 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
 # ---- EVALUATION ----
+# Each target scored once: windows side by side, sliding windows, or score-first LoRA TTT on each document.
+def score_sums(losses, scored, num_bytes):
+    """A batch's part of a score, which batches and then ranks add up: the scored targets' loss in nats, their
+    number, and the bytes of their text, in that order (float64)."""
+    losses = torch.where(scored, losses.detach().double(), 0.0)
+    return torch.stack([losses.sum(), scored.sum(), (num_bytes * scored).sum()])
+
 def metrics(sums):
-    """val_loss (nats per token) and val_bpb of score()'s sums of loss, tokens and bytes."""
+    """val_loss (nats per token) and val_bpb of score_sums() added up."""
     loss_sum, tokens, num_bytes = sums.tolist()
     val_loss = loss_sum / tokens
     return val_loss, val_loss / math.log(2.0) * tokens / num_bytes
 
 @torch.no_grad()
 def score(model, val, layout, seq_len, stride):
-    """Summed loss, tokens, bytes (over ranks): each target once, by its window's last stride."""
+    """score_sums() of every target once, over ranks: windows of seq_len end stride apart, each scoring the
+    targets after the one before."""
     device = layout.device
     stop = val.tokens.numel() - 1
     ends = list(range(seq_len, stop, stride)) + [stop]  # each window's last target
     counts = [b - a for a, b in zip([0] + ends, ends)]  # its targets: those after the window before
+
+    # this rank's share, in batches of one shape (one graph): the last one padded with windows scoring nothing
     share = slice(len(ends) * layout.rank // layout.world_size,
                   len(ends) * (layout.rank + 1) // layout.world_size)
     per_batch = max(1, val.batch_tokens // (layout.world_size * layout.grad_accum_steps) // seq_len)
-    # one batch shape, so one graph: this rank's last batch is padded with windows scoring nothing
-    pad = -len(ends[share]) % per_batch
-    ends = ends[share] + ends[share][-1:] * pad
+    mine = ends[share]
+    pad = math.ceil(len(mine) / per_batch) * per_batch - len(mine)
+    ends = mine + mine[-1:] * pad
     counts = torch.tensor(counts[share] + [0] * pad, device=device)
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, tokens, bytes
+
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
     for i in range(0, len(ends), per_batch):
         batch = ends[i:i + per_batch]
         windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in batch])  # (B, T + 1)
         num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in batch])
         # (B, T): the targets each window scores
-        mask = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]
+        scored = torch.arange(seq_len, device=device) >= seq_len - counts[i:i + per_batch, None]
         windows = windows.to(device, torch.int64)
         with autocast(layout):
             losses = model(windows[:, :-1], windows[:, 1:], reduction="none")
-        losses = losses.detach().view_as(mask).double()
-        sums += torch.stack([torch.where(mask, losses, 0.0).sum(), mask.sum(),
-                             (num_bytes * mask).sum()])
+        sums += score_sums(losses.view_as(scored), scored, num_bytes)
     if layout.distributed:
         dist.all_reduce(sums)
     return sums.cpu()
@@ -814,36 +757,37 @@ def lora_ttt(run):
     spans = sorted(document_spans(val.tokens), key=lambda span: span[0] - span[1])
     groups = [spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)]
     run.log(f"ttt: groups:{len(groups)} world_size:{layout.world_size} (A carries over: the score depends on it)")
+
     torch.manual_seed(hp.seed)  # the adapters' A, the same on every rank
-    lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
+    lora = new_adapters(run.model, hp.ttt_lora_rank, hp.ttt_batch_size, layout.device)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
     for group in groups[layout.rank::layout.world_size]:
-        sums += ttt_group(run, val, group, lora)
+        sums += ttt_group(run.scorer, val, group, lora, hp, layout)
     if layout.distributed:
         dist.all_reduce(sums)
     return sums.cpu()
 
-def new_adapters(model, hp, rows, device):
+def new_adapters(model, rank, rows, device):
     """Adapters for `rows` documents: A uniform (nn.Linear's init), B zero, so the model starts as it is."""
     dim = model.tok_emb.embedding_dim
     kv_dim = model.blocks[0].attn.c_k.out_features
 
     def pair(out):
-        A = torch.rand(rows, hp.ttt_lora_rank, dim, device=device)
-        B = torch.zeros(rows, out, hp.ttt_lora_rank, device=device)
+        A = torch.rand(rows, rank, dim, device=device)
+        B = torch.zeros(rows, out, rank, device=device)
         return ((2 * A - 1) * dim ** -0.5).requires_grad_(), B.requires_grad_()
     outputs = dict(q=dim, k=kv_dim, v=kv_dim, attn_out=dim, mlp_out=dim)
     layers = tuple({name: pair(out) for name, out in outputs.items()} for _ in model.layer_order())
     return Adapters(layers, pair(model.tok_emb.num_embeddings))
 
-def chunk_windows(val, spans, lo, hp, rows):
+def chunk_windows(val, spans, lo, chunk, seq_len, rows):
     """Each document's window for its chunk from a + lo: (tokens, bytes or -1, rows that train)."""
-    window = min(lo + hp.ttt_chunk_size, hp.train_seq_len)
+    window = min(lo + chunk, seq_len)
     tokens = torch.zeros(rows, window + 1, dtype=torch.int64)
     counted = torch.full((rows, window), -1)
     trained = torch.zeros(rows)
     for row, (a, b) in enumerate(spans[:rows]):
-        chunk_end = min(a + lo + hp.ttt_chunk_size, b)  # past its last target (a done one: none)
+        chunk_end = min(a + lo + chunk, b)  # past its last target (a done one: none)
         window_start = max(a - 1, chunk_end - 1 - window)
         tokens[row, :chunk_end - window_start] = val.tokens[window_start:chunk_end]
         chunk_start = a + lo - 1 - window_start  # the chunk's targets end the window
@@ -851,50 +795,109 @@ def chunk_windows(val, spans, lo, hp, rows):
         trained[row] = chunk_end < b  # the last chunk is only scored
     return tokens, counted, trained
 
-def ttt_group(run, val, spans, lora):
-    """Documents side by side, chunk by chunk, each scored then trained on; B and AdamW anew, A carries over."""
-    hp, layout = run.hp, run.layout
+def ttt_group(scorer, val, spans, lora, hp, layout):
+    """Documents side by side, chunk by chunk, each scored, then trained on; B and AdamW anew, A kept."""
     params = tree_leaves(lora)  # A, B of each adapter in turn
     for B in params[1::2]:
         B.detach().zero_()
     adamw = torch.optim.AdamW(params, lr=hp.ttt_lora_lr, betas=(0.0, hp.ttt_beta2), eps=1e-10,
                               weight_decay=hp.ttt_weight_decay, fused=layout.cuda)
-    run.model.requires_grad_(False)
+    scorer.requires_grad_(False)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
     for lo in range(0, max(b - a for a, b in spans), hp.ttt_chunk_size):
         # compiled: every row, one shape; eager: the documents not yet done (the longest come first)
         rows = len(lora.head[0]) if layout.use_compile else sum(lo < b - a for a, b in spans)
-        windows = chunk_windows(val, spans, lo, hp, rows)
+        windows = chunk_windows(val, spans, lo, hp.ttt_chunk_size, hp.train_seq_len, rows)
         tokens, counted, trained = (t.to(layout.device) for t in windows)
-        x, y = tokens[:, :-1], tokens[:, 1:]
+        x = tokens[:, :-1]
+        y = tokens[:, 1:]
         torch._dynamo.mark_dynamic(x, 1)  # one compiled graph for every window
         torch._dynamo.mark_dynamic(y, 1)
+
         scored = counted >= 0
         with autocast(layout):
-            losses = run.scorer(x, y, reduction="none", lora=tree_map(lambda t: t[:rows], lora))
+            losses = scorer(x, y, reduction="none", lora=tree_map(lambda t: t[:rows], lora))
             losses = torch.where(scored, losses.view_as(scored), 0.0)
-        sums += torch.stack([losses.detach().double().sum(), scored.sum(), (counted * scored).sum()])
-        means = losses.sum(1) / scored.sum(1).clamp(min=1)  # each document's mean over its chunk
+        sums += score_sums(losses, scored, counted)
+        means = losses.sum(1) / scored.sum(1).clamp(min=1)
         (means * trained).sum().backward()
         adamw.step()
         adamw.zero_grad(set_to_none=True)
-    run.model.requires_grad_(True)
+    scorer.requires_grad_(True)
     return sums
 
+def prime_ttt(run):
+    """Compile TTT's graph before its timer, on random documents of one chunk (the rest: as validation)."""
+    hp, layout = run.hp, run.layout
+    t0 = time.perf_counter()
+    graphs = compiled_graphs()
+    docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size))
+    docs[:, 0] = BOS_ID
+    docs = docs.flatten()
+    lora = new_adapters(run.model, hp.ttt_lora_rank, hp.ttt_batch_size, layout.device)
+    noise = Validation(docs, torch.zeros_like(docs), 0)
+    ttt_group(run.scorer, noise, document_spans(docs), lora, hp, layout)
+    synchronize(layout.device)
+    run.log(f"priming: passes:ttt graphs:{compiled_graphs() - graphs} time:{ms_since(t0):.0f}ms")
+
+def final_passes(run):
+    """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
+    hp, layout, log = run.hp, run.layout, run.log
+    passes = ["roundtrip"]
+    if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):
+        passes.append("sliding_window")
+    if hp.ttt_enabled:
+        passes.append("ttt")
+    if layout.use_compile and hp.ttt_enabled:
+        prime_ttt(run)
+
+    times_ms = {}
+    graphs = compiled_graphs()
+    for name in passes:
+        line = f"final_{hp.export_tag}_{name}"
+        synchronize(layout.device)
+        t0 = time.perf_counter()
+        windows = hp.windows(name == "sliding_window")
+        sums = lora_ttt(run) if name == "ttt" else score(run.scorer, run.val, layout, *windows)
+        val_loss, val_bpb = metrics(sums)
+        synchronize(layout.device)
+        times_ms[name] = ms_since(t0)
+        finite = math.isfinite(val_loss)
+        require(finite, f"{line}: val_loss is {val_loss}, no submission: lower the LRs", RunError)
+        log(f"{line} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{times_ms[name]:.0f}ms")
+        log(f"{line}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+    each = ",".join(f"{name}:{ms:.0f}ms" for name, ms in times_ms.items())
+    total = f"final_eval_total eval_time:{sum(times_ms.values()):.0f}ms limit:{EVAL_LIMIT_MS}ms passes:{each}"
+    if layout.use_compile:
+        total += f" graphs_compiled_inside:{compiled_graphs() - graphs}"
+    log(total)
+
 # ---- EXPORT: LOW-BIT WEIGHTS + COMPRESSION ----
+# The artifact: a few bits a weight (rows of integers, fp16 steps), compressed, then read back and scored.
 # Tensors up to this size stay float: at width 256 attention matrices (32k-65k) are quantized too.
 KEEP_FLOAT_MAX_NUMEL = 16_384
 # Searched clip: each row's fraction of its max |w| with least error (GPTQ-lite); or *_CLIP_SIGMAS.
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
+# LQER's factors of a matrix's error: A (rows x rank) in int2, B (rank x cols) in int4, in rows of 64
+LQER_A_BITS = 2
+LQER_B_BITS = 4
+LQER_GROUP = 64
+CALIB_BATCH_SEQS = 8  # GPTQ's calibration: sequences a forward
 
-# name: (compress, decompress, the leading bytes that tell it); brotli gets a tag; zpaq: one thread.
-COMPRESSORS = {
-    "zlib": (partial(zlib.compress, level=9), zlib.decompress, b"\x78"),
-    "brotli": (lambda raw: b"BROTLI" + importlib.import_module("brotli").compress(raw, quality=11),
-               lambda blob: importlib.import_module("brotli").decompress(blob[6:]), b"BROTLI"),
-    "zpaq": (lambda raw: importlib.import_module("zpaq").compress(raw, level=5, threads=1),
-             lambda blob: importlib.import_module("zpaq").decompress(blob), b"7kSt"),
-}
+# Each COMPRESSOR's options, and the first bytes that tell its artifacts (brotli has none: a tag of ours)
+COMPRESSORS = {"zlib": dict(level=9), "brotli": dict(quality=11), "zpaq": dict(level=5, threads=1)}
+BROTLI_TAG = b"BROTLI"
+LEADING_BYTES = {"zlib": b"\x78", "brotli": BROTLI_TAG, "zpaq": b"7kSt"}
+
+def compress(raw, name):
+    tag = BROTLI_TAG if name == "brotli" else b""
+    return tag + importlib.import_module(name).compress(raw, **COMPRESSORS[name])
+
+def decompress(blob, what):
+    """An artifact's bytes decompressed by the COMPRESSOR its first bytes name."""
+    names = [name for name, lead in LEADING_BYTES.items() if blob.startswith(lead)]
+    require(bool(names), f"{what}: its first bytes {blob[:6]!r} are those of no COMPRESSOR")
+    return importlib.import_module(names[0]).decompress(blob.removeprefix(BROTLI_TAG))
 
 def is_quantized(name, tensor):
     """Stored as integers: the large matrices, and the attention gates (int8 rows, the field's)."""
@@ -907,9 +910,11 @@ def quant_spec(name, hp):
         return hp.embed_bits, hp.embed_clip_sigmas
     if name.endswith("attn_gate"):
         return 8, 0.0
-    by_kind = {".attn.": hp.attn_clip_sigmas, ".mlp.": hp.mlp_clip_sigmas}
-    kind = next((sigmas for key, sigmas in by_kind.items() if key in name), 0.0)
-    return hp.matrix_bits, kind or hp.matrix_clip_sigmas
+    if ".attn." in name and hp.attn_clip_sigmas:
+        return hp.matrix_bits, hp.attn_clip_sigmas
+    if ".mlp." in name and hp.mlp_clip_sigmas:
+        return hp.matrix_bits, hp.mlp_clip_sigmas
+    return hp.matrix_bits, hp.matrix_clip_sigmas
 
 def int_rows(x, steps, low, high):
     """Per-row integers in [low, high] and fp16 steps, each row's best of candidates (K, R, 1)."""
@@ -932,7 +937,7 @@ def quantize_rows(w, bits, sigmas=0.0):
 
 def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
     """GPTQ (Frantar et al. 2022) with quantize_rows's scales, in act order: each column's rounding error goes
-    onto later ones via the Cholesky factor of H^-1, H damped by damp * mean(diag H). H = I: round-to-nearest."""
+    onto later ones by the Cholesky factor of H^-1, H damped by damp * mean(diag H). H = I: round-to-nearest."""
     qmax = 2 ** (bits - 1) - 1
     scale = quantize_rows(w, bits, sigmas)[1]
     W = w.double().clone()
@@ -945,6 +950,7 @@ def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
     H = H[order][:, order]
     H += damp * H.diagonal().mean() * torch.eye(len(H), dtype=H.dtype, device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
     s = scale.double()
     Q = torch.zeros_like(W)
     for a in range(0, W.size(1), block):
@@ -958,12 +964,13 @@ def gptq_quantize(w, H, bits, damp=0.01, sigmas=0.0, block=128):
     return Q[:, torch.argsort(order)].float(), scale
 
 def lqer_factors(error, rank):
-    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r in int2, B = V_r^T in int4 groups of 64,
-    as {"a": (2, A), "b": (4, B)}, each a matrix of rows to quantize."""
+    """LQER (Zhang et al. 2024): error ~ A B, A = U_r S_r and B = V_r^T, each flattened into rows to quantize:
+    A as one row, B in rows of LQER_GROUP (zero-padded)."""
     U, S, Vh = torch.linalg.svd(error.double(), full_matrices=False)
     A = (U[:, :rank] * S[:rank]).float()
     B = Vh[:rank].float().flatten()
-    return {"a": (2, A.reshape(1, -1)), "b": (4, F.pad(B, (0, -len(B) % 64)).view(-1, 64))}
+    padded = F.pad(B, (0, math.ceil(len(B) / LQER_GROUP) * LQER_GROUP - len(B)))
+    return A.reshape(1, -1), padded.view(-1, LQER_GROUP)
 
 def quantize_state_dict(state_dict, hp, hessians=None):
     """Matrices -> per-row integers, a byte each (compresses best), fp16 scales; the rest float."""
@@ -972,12 +979,14 @@ def quantize_state_dict(state_dict, hp, hessians=None):
     floats = {}
     dtypes = {}
     for name, tensor in state_dict.items():
-        tensor = stored = tensor.detach().cpu()
+        tensor = tensor.detach().cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
         if not tensor.is_floating_point():
             floats[name] = tensor
-        elif not is_quantized(name, tensor):
-            stored = floats[name] = tensor.float() if is_control(name) else tensor.half()
+            continue
+        if not is_quantized(name, tensor):
+            floats[name] = tensor.float() if is_control(name) else tensor.half()
+            stored = floats[name]
         else:
             bits, sigmas = quant_spec(name, hp)
             if name in (hessians or {}):
@@ -985,73 +994,77 @@ def quantize_state_dict(state_dict, hp, hessians=None):
             else:
                 q, scale = quantize_rows(tensor.float(), bits, sigmas)
             ints[name] = q.to(torch.int8)
-            scales[name] = stored = scale.half()
+            scales[name] = scale.half()
+            stored = scales[name]
+
         finite = torch.isfinite(tensor).all() and torch.isfinite(stored).all()
         require(bool(finite), f"export: {name} holds |w| up to {tensor.abs().max():.4g}: not finite, or beyond "
-                "fp16's 65504 in its stored form; no artifact can hold this model: lower the learning rates")
+                "fp16's 65504 in its stored form; no artifact can hold this model: lower the learning rates",
+                RunError)
     if hp.lqer_enabled:
-        errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
-                  for name, q in ints.items()}
-        for name in sorted(errors, key=lambda name: -errors[name].norm())[:hp.lqer_top_k]:
-            for part, (bits, x) in lqer_factors(errors[name], hp.lqer_rank).items():
-                # asymmetric: [-top, top - 1], absmax / 1.5 (int2), / 7.5 (int4)
-                top = 2 ** (bits - 1)
-                step = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(max=65504.0)
-                q, scale = int_rows(x, step[None], -top, top - 1)
-                ints[f"{name}.lqer_{part}"] = q.to(torch.int8)
-                scales[f"{name}.lqer_{part}"] = scale.half()
+        add_lqer(state_dict, ints, scales, hp.lqer_rank, hp.lqer_top_k)
     return {"format": "int8_rows_v2", "ints": ints, "scales": scales, "floats": floats, "dtypes": dtypes}
+
+def add_lqer(state_dict, ints, scales, rank, top_k):
+    """LQER: low-rank factors of the top_k largest quantization errors, stored as W.lqer_a, W.lqer_b."""
+    errors = {name: state_dict[name].detach().cpu().float() - q * scales[name].float()[:, None]
+              for name, q in ints.items()}
+    for name in sorted(errors, key=lambda name: -errors[name].norm())[:top_k]:
+        A, B = lqer_factors(errors[name], rank)
+        for part, x, bits in ((".lqer_a", A, LQER_A_BITS), (".lqer_b", B, LQER_B_BITS)):
+            # asymmetric integers: [-top, top - 1], steps absmax / 1.5 (int2), / 7.5 (int4)
+            top = 2 ** (bits - 1)
+            step = (x.abs().amax(dim=1, keepdim=True) / (top - 0.5)).clamp(max=torch.finfo(torch.float16).max)
+            q, scale = int_rows(x, step[None], -top, top - 1)
+            ints[name + part] = q.to(torch.int8)
+            scales[name + part] = scale.half()
 
 def dequantize_state_dict(obj):
     """The state dict: integers times their rows' steps (+ LQER's A B), the rest as stored, in its dtypes."""
     weights = {name: q.float() * obj["scales"][name].float()[:, None] for name, q in obj["ints"].items()}
-    for name in [name for name in weights if name.endswith(".lqer_a")]:
-        W = weights[name.removesuffix(".lqer_a")]
-        A = weights.pop(name).view(len(W), -1)
-        B = weights.pop(name[:-1] + "b").flatten()
+    for name in [name.removesuffix(".lqer_a") for name in weights if name.endswith(".lqer_a")]:
+        W = weights[name]
+        A = weights.pop(f"{name}.lqer_a").view(len(W), -1)
+        B = weights.pop(f"{name}.lqer_b").flatten()
         W += A @ B[:A.size(1) * W.size(1)].view(A.size(1), W.size(1))
-    state = {}
-    for name, dtype in obj["dtypes"].items():
-        value = weights[name] if name in weights else obj["floats"][name]
-        state[name] = value.to(getattr(torch, dtype))
-    return state
+    stored = {**obj["floats"], **weights}
+    return {name: stored[name].to(getattr(torch, dtype)) for name, dtype in obj["dtypes"].items()}
 
 def save_artifact(state_dict, path, hp, hessians=None):
     """The artifact's bytes, also written to path unless None (all or nothing: a renamed temp)."""
     buffer = io.BytesIO()
     torch.save(quantize_state_dict(state_dict, hp, hessians), buffer)
-    compress = COMPRESSORS[hp.compressor][0]
-    blob = compress(buffer.getvalue())
-    if path is not None:
-        # nodes sharing the folder rename their own; a full disk: one line, no partial file left
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(blob)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            free = shutil.disk_usage(path.parent).free
-            raise ConfigError(f"ARTIFACT_DIR={path.parent}: {e.strerror}: the artifact needs {len(blob)} "
-                              f"bytes and {free} are free; free space there or set ARTIFACT_DIR elsewhere")
-        os.replace(tmp, path)
+    blob = compress(buffer.getvalue(), hp.compressor)
+    if path is None:
+        return blob
+
+    # nodes sharing the folder rename their own; a full disk: one line, no partial file left
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(blob)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunError(settings_py("unwritten_artifact", path, len(blob), e, alone=str(e))) from None
+    os.replace(tmp, path)
     return blob
 
 def load_artifact(source):
     """An artifact's weights (a path or bytes), its compressor by its first bytes (weights_only)."""
-    blob = source if isinstance(source, bytes) else Path(source).read_bytes()
-    decompress = next((d for _, d, lead in COMPRESSORS.values() if blob.startswith(lead)), None)
-    what = "artifact" if isinstance(source, bytes) else source
-    require(decompress is not None, f"{what}: its first bytes {blob[:6]!r} are those of no COMPRESSOR")
-    raw = io.BytesIO(decompress(blob))
-    return dequantize_state_dict(torch.load(raw, map_location="cpu", weights_only=True))
+    if isinstance(source, bytes):
+        raw = decompress(source, "artifact")
+    else:
+        raw = decompress(Path(source).read_bytes(), source)
+    return dequantize_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
 
 def calibrate(run, loader):
-    """GPTQ's H = X^T X of each quantized matrix's inputs on training tokens (embedding: the head's)."""
+    """GPTQ's H = X^T X of each quantized matrix's inputs (embedding: the head's), on next training tokens."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
     seqs = max(1, hp.gptq_calib_seqs // layout.world_size)
     tokens = loader.take(seqs * layout.world_size * hp.train_seq_len).to(layout.device, torch.int64)
     # the ranks split what one process would read, so they see the same rows
     x = tokens.view(layout.world_size, seqs, hp.train_seq_len)[layout.rank]
+
     modules = {f"{name}.weight": m for name, m in model.named_modules()
                if isinstance(m, CastedLinear) and is_quantized(f"{name}.weight", m.weight)}
     modules["tok_emb.weight"] = model.final_norm
@@ -1062,12 +1075,13 @@ def calibrate(run, loader):
         hessians[name] = hessians.get(name, 0) + x.T @ x
     hooks = [m.register_forward_hook(partial(accumulate, name=name)) for name, m in modules.items()]
     with torch.no_grad(), autocast(layout):
-        for batch in x.split(8):
+        for batch in x.split(CALIB_BATCH_SEQS):
             model.logits(batch)
     for hook in hooks:
         hook.remove()
-    for H in hessians.values() if layout.distributed else []:
-        dist.all_reduce(H)
+    if layout.distributed:
+        for H in hessians.values():
+            dist.all_reduce(H)
     synchronize(layout.device)
     ms = ms_since(t0)
     run.log(f"gptq: matrices:{len(hessians)} calib:train sequences:{seqs * layout.world_size} "
@@ -1079,7 +1093,9 @@ def export(run, hessians=None):
     hp, log = run.hp, run.log
     t0 = time.perf_counter()
     path = Path(hp.artifact_dir) / f"{hp.run_id}_model.{hp.export_tag}.ptz"
-    blob = save_artifact(run.model.state_dict(), path if run.layout.local_rank == 0 else None, hp, hessians)
+    writes = path if run.layout.local_rank == 0 else None  # one process a node
+    blob = save_artifact(run.model.state_dict(), writes, hp, hessians)
+
     code = run.source
     packed = ""
     if hp.pack_code:
@@ -1093,60 +1109,35 @@ def export(run, hessians=None):
     log(f"Total submission size {name}: {total} bytes")
     log(f"artifact: {path.as_posix()} bytes:{len(blob)} sha256:{hashlib.sha256(blob).hexdigest()} "
         f"export_time:{ms:.0f}ms")
-    if total > 16_000_000:
-        log(f"WARNING: submission is {total} bytes, over the 16,000,000-byte cap: it cannot be a record")
+    if total > SUBMISSION_LIMIT_BYTES:
+        log(f"WARNING: submission is {total} bytes, over the {SUBMISSION_LIMIT_BYTES:,}-byte cap: "
+            "it cannot be a record")
     return blob
 
-def prime(run, passes):
-    """Compile, on random tokens and before their timers, what the final passes run that validation did not."""
-    hp, layout = run.hp, run.layout
-    t0 = time.perf_counter()
-    graphs = compiled_graphs()
-    if "sliding_window" in passes:  # a window for every rank, padded to a batch
-        tokens = torch.randint(hp.vocab_size, (layout.world_size * hp.train_seq_len + 1,),
-                               device=layout.device)
-        noise = Validation(tokens, torch.zeros_like(tokens), hp.val_batch_size)
-        score(run.scorer, noise, layout, *hp.windows(True))
-    if "ttt" in passes:  # documents of one chunk: BOS and chunk - 1 tokens
-        docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size))
-        docs[:, 0] = BOS_ID
-        docs = docs.flatten()
-        lora = new_adapters(run.model, hp, hp.ttt_batch_size, layout.device)
-        ttt_group(run, Validation(docs, torch.zeros_like(docs), 0), document_spans(docs), lora)
-    synchronize(layout.device)
-    run.log(f"priming: passes:{','.join(passes)} graphs:{compiled_graphs() - graphs} time:{ms_since(t0):.0f}ms")
-
-def final_passes(run):
-    """Score the round-tripped model plainly, in sliding windows and with TTT, each pass timed."""
-    hp, layout, log = run.hp, run.layout, run.log
-    passes = ["roundtrip"]
-    if hp.eval_stride and (hp.sliding_window_enabled or not hp.ttt_enabled):
-        passes.append("sliding_window")
-    if hp.ttt_enabled:
-        passes.append("ttt")
-    if layout.use_compile:
-        prime(run, passes)
-    times_ms = {}
-    graphs = compiled_graphs()
-    for name in passes:
-        line = f"final_{hp.export_tag}_{name}"
-        synchronize(layout.device)
-        t0 = time.perf_counter()
-        windows = hp.windows(name == "sliding_window")
-        sums = lora_ttt(run) if name == "ttt" else score(run.scorer, run.val, layout, *windows)
-        val_loss, val_bpb = metrics(sums)
-        synchronize(layout.device)
-        times_ms[name] = ms_since(t0)
-        require(math.isfinite(val_loss), f"{line}: val_loss is {val_loss}, no submission: lower the LRs")
-        log(f"{line} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} eval_time:{times_ms[name]:.0f}ms")
-        log(f"{line}_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-    each = ",".join(f"{name}:{ms:.0f}ms" for name, ms in times_ms.items())
-    total = f"final_eval_total eval_time:{sum(times_ms.values()):.0f}ms limit:600000ms passes:{each}"
-    if layout.use_compile:
-        total += f" graphs_compiled_inside:{compiled_graphs() - graphs}"
-    log(total)
-
 # ---- TRAINING ----
+# Steps under the wallclock cap: its clock counts training only, and every rank agrees on it after each step.
+Optimizers = NamedTuple("Optimizers", [("adam", torch.optim.AdamW), ("muon", Muon)])
+
+def build_optimizers(model, hp, layout):
+    """AdamW for the embeddings, vectors and control tensors; Muon for the other 2-D matrices."""
+    params = dict(model.named_parameters())
+    embeddings = [params.pop(name) for name in ("tok_emb.weight", "bigram.weight") if name in params]
+    matrices = [p for name, p in params.items() if p.ndim == 2 and not is_control(name)]
+    scalars = [p for p in params.values() if not any(p is m for m in matrices)]
+
+    adam_groups = [dict(params=embeddings, lr=hp.tied_embed_lr, weight_decay=hp.embed_wd),
+                   dict(params=scalars, lr=hp.scalar_lr, weight_decay=hp.adam_wd)]
+    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=0.0,
+                             fused=layout.cuda)
+    coeffs = POLAR_EXPRESS_COEFFS if hp.muon_polar else QUINTIC_COEFFS
+    muon = Muon(matrices, lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
+                backend_steps=hp.muon_backend_steps, coeffs=coeffs, row_normalize=hp.muon_row_normalize,
+                bf16=layout.use_bf16, compiled=layout.use_compile, rank=layout.rank,
+                world_size=layout.world_size)
+    for group in adam.param_groups + muon.param_groups:  # the schedule scales each group's own LR
+        group["base_lr"] = group["lr"]
+    return Optimizers(adam, muon)
+
 def training_progress(step, elapsed_ms, hp):
     return max(step / max(hp.iterations, 1), elapsed_ms / hp.budget_ms)
 
@@ -1156,15 +1147,19 @@ def lr_schedule(step, elapsed_ms, hp):
     if hp.warmdown_frac > 0:
         left = max(1.0 - training_progress(step, elapsed_ms, hp), 0.0) / hp.warmdown_frac
         return max(min(1.0, left), hp.min_lr)
-    left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters) if hp.warmdown_iters > 0 else 1.0
+    left = 1.0
+    if hp.warmdown_iters > 0:
+        left = min(1.0, max(hp.iterations - step, 0) / hp.warmdown_iters)
     if hp.budget_ms < math.inf:
         warmdown_ms = max(hp.warmdown_iters * elapsed_ms / max(step, 1), 1e-9)
         left = min(left, max(hp.budget_ms - elapsed_ms, 0.0) / warmdown_ms)
     return max(left, hp.min_lr)
 
 def muon_momentum(step, hp):
-    warmup = hp.muon_momentum_warmup_steps
-    frac = min(step / warmup, 1.0) if warmup > 0 else 1.0
+    """Muon's momentum, warmed up linearly from MUON_MOMENTUM_WARMUP_START over its steps."""
+    if hp.muon_momentum_warmup_steps <= 0:
+        return hp.muon_momentum
+    frac = min(step / hp.muon_momentum_warmup_steps, 1.0)
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
 
 def looping_at(progress, hp):
@@ -1198,6 +1193,7 @@ def train_step(model, batches, optimizers, lr_scale, grad_clip, layout):
             loss = model(x, y)
         (loss / len(batches)).backward()
         total += loss.detach()
+
     if grad_clip > 0:
         params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
@@ -1220,20 +1216,21 @@ def warmup(run, optimizers):
     the optimizer states and the data start again. The final passes prime their own graphs."""
     hp, layout, model = run.hp, run.layout, run.model
     t0 = time.perf_counter()
-    # off, then on from ENABLE_LOOPING_AT; only one without loops, or with them on from the start
-    phases = sorted({looping_at(0.0, hp), looping_at(hp.enable_looping_at, hp)})
     initial = [{name: t.to("cpu", copy=True) for name, t in model.state_dict().items()}]
     initial += [copy.deepcopy(opt.state_dict()) for opt in optimizers]
-    loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
+    first = looping_at(0.0, hp)  # the loop phase of the first half of the steps, then the one it switches to
+    switched = looping_at(hp.enable_looping_at, hp)
+    loader = DistributedTokenLoader(train_pattern(hp.data_path), layout.rank, layout.world_size, layout.device)
     for step in range(hp.warmup_steps):
-        model.set_looping(phases[step * len(phases) // hp.warmup_steps])
+        model.set_looping(switched if 2 * step >= hp.warmup_steps else first)
         train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
+
     model.zero_grad(set_to_none=True)
     for target, state in zip([model, *optimizers], initial):
         target.load_state_dict(state)
-    model.set_looping(phases[0])  # the phase training starts in (a resume: the Keeper sets its own)
+    model.set_looping(first)  # the phase training starts in (a resume: the Keeper sets its own)
     synchronize(layout.device)
-    run.log(f"warmup: steps:{hp.warmup_steps} phases:{len(phases)} graphs:{compiled_graphs()} "
+    run.log(f"warmup: steps:{hp.warmup_steps} phases:{len({first, switched})} graphs:{compiled_graphs()} "
             f"time:{ms_since(t0):.0f}ms")
 
 @dataclass
@@ -1256,8 +1253,7 @@ class LoopState:
 
     @contextmanager
     def paused(self, seen, layout):
-        """The clock stopped and the device done: the flag of the losses seen is exact, and no
-        validation, checkpoint or export follows a bad loss."""
+        """The clock stopped, the device done: no validation, checkpoint or export follows a bad loss."""
         synchronize(self.device)
         self.training_time_ms += ms_since(self.t0)
         check_finite(agree([float(not np.isfinite(seen))], layout)[0], self.step)
@@ -1275,22 +1271,21 @@ def agree(values, layout):
 
 def check_finite(diverged, step):
     require(not diverged, f"training diverged: train_loss was not finite by step:{step}; lower MATRIX_LR "
-            "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)")
+            "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)", RunError)
 
-def log_step(run, state, loss):
-    hp = run.hp
+def log_step(log, state, loss, hp):
+    """The step line: the first 10 steps, then every TRAIN_LOG_EVERY."""
     if hp.train_log_every <= 0 or (state.step > 10 and state.step % hp.train_log_every):
         return
     elapsed = state.elapsed_ms
     tokens_per_s = hp.train_batch_tokens * state.step / (elapsed / 1000.0)
-    run.log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
-            f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
+    log(f"step:{state.step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{elapsed:.0f}ms "
+        f"step_avg:{elapsed / state.step:.2f}ms tok/s:{tokens_per_s:.0f}")
 
-def train(run, optimizers, ema):
-    """Validate, step, log, agree, switch the loop phase, checkpoint; returns GPTQ's loader. A steady step on one
-    process reads nothing of the device: the host queues the next one while the device runs this one."""
+def train(run, optimizers, ema, loader):
+    """Validate when due, step, agree, switch the loop phase, checkpoint, till the budget ends. A steady step
+    reads nothing of the device on one process: the host queues the next while the device runs this one."""
     hp, layout, model, keeper = run.hp, run.layout, run.model, run.keeper
-    loader = DistributedTokenLoader(train_pattern(hp), layout.rank, layout.world_size, layout.device)
     saved = keeper.restore(run, optimizers, ema, loader) if keeper else {}
     state = LoopState(**{f.name: saved.get(f.name, f.default) for f in fields(LoopState)})
     # the host reads each loss a step or two late from pinned memory, never waiting; a NaN makes all later ones so
@@ -1299,7 +1294,7 @@ def train(run, optimizers, ema):
     first_step = state.step
     state.start_clock(layout.device)
     while True:
-        every = hp.val_loss_every
+        every = hp.val_loss_every  # (a resumed run's first step was validated before it stopped)
         due = every > 0 and state.step % every == 0 and (state.step > first_step or state.step == 0)
         if due or state.ended(hp):
             with state.paused(seen, layout):
@@ -1311,6 +1306,7 @@ def train(run, optimizers, ema):
                 ema.swap(model)
         if state.ended(hp):
             break
+
         for group in optimizers.muon.param_groups:
             group["momentum"] = muon_momentum(state.step, hp)
         lr_scale = lr_schedule(state.step, state.elapsed_ms, hp)
@@ -1320,7 +1316,8 @@ def train(run, optimizers, ema):
         last_loss.copy_(loss, non_blocking=True)
         state.step += 1
         state.elapsed_ms = state.clock_ms()
-        log_step(run, state, loss)
+        log_step(run.log, state, loss, hp)
+
         signum = keeper.signum if keeper else 0
         agreed = agree([state.elapsed_ms, signum, float(not np.isfinite(seen))], layout)
         state.elapsed_ms, signum, diverged = agreed
@@ -1329,41 +1326,51 @@ def train(run, optimizers, ema):
         if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
             model.set_looping(looping)
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
+
         if keeper and keeper.due(state, int(signum)):
             with state.paused(seen, layout):
                 keeper.save(run, optimizers, ema, loader, state, int(signum))
             if signum:
                 shutdown(run)
                 sys.exit(128 + int(signum))
+
     if state.elapsed_ms >= hp.budget_ms and state.step < hp.iterations:
         spent = state.training_time_ms
         run.log(f"stopping_early: wallclock_cap train_time:{spent:.0f}ms step:{state.step}/{hp.iterations}")
     if keeper:
         keeper.close()
-    return loader
 
 # ---- RUN ----
+# main() is the recipe: set up (checks first), build, compile, train, calibrate, export, read back, score.
 @dataclass
 class RunLog:
     """Rank 0's console lines, mirrored into ARTIFACT_DIR/<RUN_ID>.txt after the script's source."""
     path: Path | None = None  # None: lines go nowhere (tests, tools)
     is_main: bool = True
 
-    def write_header(self, run, description):
-        """The source, what ran where (settings.py's lines), the settings and the layout;
-        a resume continues its own run's log (setup() let it through) with all but the source."""
-        digest = hashlib.sha256(run.source).hexdigest()
+    def write_header(self, run):
+        """Rank 0's: the source, what ran where (settings.py's lines), the build, settings, layout and data's
+        fingerprints; a resume continues its own run's log (setup() let it through) without the source."""
+        if not self.is_main:
+            return
+        source, hp, layout = run.source, run.hp, run.layout
+        digest = hashlib.sha256(source).hexdigest()
         if not self.path.exists():
             with open(self.path, "xb") as f:  # "x": never overwrite an earlier run's log
-                f.write(f"==== train_gpt.py source bytes:{len(run.source)} sha256:{digest} ====\n".encode())
-                f.write(run.source + b"\n==== end of source ====\n")
-        for line in description:
+                f.write(f"==== train_gpt.py source bytes:{len(source)} sha256:{digest} ====\n".encode())
+                f.write(source + b"\n==== end of source ====\n")
+        skipped = f"settings: not checked; versions, hardware, command, errors not logged: {ALONE}"
+        for line in settings_py("describe_run", layout, hp, alone=[skipped]):
             self(line)
+
         self(f"build: {BUILD}")
-        self(f"hyperparameters: {json.dumps(asdict(run.hp))}")
-        layout = run.layout
+        self(f"hyperparameters: {json.dumps(asdict(hp))}")
         self(f"world_size:{layout.world_size} grad_accum_steps:{layout.grad_accum_steps} "
              f"device:{layout.device.type} compile:{layout.use_compile} bf16:{layout.use_bf16}")
+        print(f"logfile: {self.path}")
+        shards = len(glob.glob(train_pattern(hp.data_path)))
+        val_bytes = int(run.val.bytes[1:].sum())
+        self(f"val_tokens:{run.val.tokens.numel() - 1} val_bytes:{val_bytes} train_shards:{shards}")
 
     def __call__(self, message):
         if self.path is None or not self.is_main:
@@ -1374,7 +1381,7 @@ class RunLog:
 
 @dataclass
 class Run:
-    """What setup() read and checked, and what the stages of main() share."""
+    """What setup() read and checked, and the model main() builds: what the stages of main() share."""
     hp: Hyperparameters
     layout: Layout
     val: Validation
@@ -1386,7 +1393,7 @@ class Run:
     trainer: nn.Module | None = None  # the compiled model as DDP wraps it: what trains
 
 def setup(environ=os.environ) -> Run:
-    """Each check that can fail (settings, paths, tokenizer, shards, bytes), on each rank, first."""
+    """Each check that can fail, on each rank, first; then the device, the processes and their one RUN_ID."""
     world_size = int(environ.get("WORLD_SIZE", 1))
     rank = int(environ.get("RANK", 0))
     local_rank = int(environ.get("LOCAL_RANK", 0))
@@ -1396,27 +1403,12 @@ def setup(environ=os.environ) -> Run:
         return device.type == "cuda" if mode == "auto" else mode == "1"
     layout = Layout(rank, world_size, local_rank, device, hp.micro_steps(world_size),
                     use_compile=on(hp.compile), use_bf16=on(hp.bf16))
-    head_dim = hp.model_dim // hp.num_heads
-    if layout.cuda and layout.use_bf16:
-        require(head_dim <= 256, f"MODEL_DIM/NUM_HEADS = {head_dim}: over flash's 256; raise NUM_HEADS")
-    require(Path(hp.data_path).is_dir(), f"DATA_PATH={hp.data_path} is not a directory. {DATA_HINT}")
-    tokenizer = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
-    shards = load_shards(train_pattern(hp), "training", hp.vocab_size, (rank, world_size))
-    val = load_validation(hp, tokenizer, (rank, world_size), device)
-    # read once: the logged and the counted code are the same bytes
-    source = Path(__file__).read_bytes()
-    keeper = None
-    # what a record never does lives beside this file, handed what it uses
-    if hp.save_every or hp.resume:
-        keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError)
-    log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
-    if hp.run_id and log_path.exists() and not (keeper and keeper.continues_log()):
-        raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
-    return Run(hp, layout, val, source, keeper)
+    check("layout_problems", hp, layout)
+    piece_bytes = load_tokenizer(hp.tokenizer_path, hp.vocab_size)
+    shards = load_shards(train_pattern(hp.data_path), "training", hp.vocab_size, (rank, world_size))
+    val = load_validation(hp, piece_bytes, (rank, world_size), device)
 
-def start(run):
-    """CUDA backends, the process group, one RUN_ID for every rank, and rank 0's log."""
-    hp, layout = run.hp, run.layout
+    # the device's modes, then the processes: host tensors (agree()) go through gloo
     if layout.cuda:
         torch.cuda.set_device(layout.device)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -1425,61 +1417,68 @@ def start(run):
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_math_sdp(not layout.use_bf16)  # flash is 16-bit: math for fp32
     run_id = [hp.run_id or str(uuid.uuid4())]
-    # every rank must name the same log and artifact; host tensors (agree()) go through gloo
     if layout.distributed:
         backend = "cuda:nccl,cpu:gloo" if layout.cuda else "gloo"
         dist.init_process_group(backend=backend, device_id=layout.device if layout.cuda else None)
         dist.broadcast_object_list(run_id, src=0)
-    hp.run_id = run_id[0]
-    Path(hp.artifact_dir).mkdir(parents=True, exist_ok=True)
-    run.log = RunLog(Path(hp.artifact_dir) / f"{hp.run_id}.txt", layout.rank == 0)
-    if layout.rank != 0:
-        return
-    run.log.write_header(run, settings_module().describe_run(layout, hp))
-    print(f"logfile: {run.log.path}")
+    hp = dataclasses.replace(hp, run_id=run_id[0])
 
-def build_model(run):
-    """The model (seeded), its compiled and DDP-wrapped handles, and its optimizers."""
-    hp, layout = run.hp, run.layout
+    # read once: the logged and the counted code are the same bytes
+    source = Path(__file__).read_bytes()
+    keeper = None
+    # what a record never does lives beside this file, handed what it uses
+    if hp.save_every or hp.resume:
+        keeper = importlib.import_module("checkpoints").Keeper(hp, source, shards, ConfigError)
+    log_path = Path(hp.artifact_dir) / f"{hp.run_id}.txt"
+    if layout.rank == 0 and log_path.exists() and not (keeper and keeper.continues_log()):  # rank 0 writes it
+        raise ConfigError(f"RUN_ID={hp.run_id}: {log_path} exists; choose another RUN_ID or move that log")
+    Path(hp.artifact_dir).mkdir(parents=True, exist_ok=True)
+    return Run(hp, layout, val, source, keeper, RunLog(log_path, layout.rank == 0))
+
+def build_model(hp, layout) -> tuple[GPT, nn.Module, nn.Module]:
+    """The model (seeded), and its handles: compiled on CUDA to score, and as DDP wraps it to train."""
     torch.manual_seed(hp.seed)
-    run.model = GPT(hp).to(layout.device)
-    run.log(f"model_params:{sum(p.numel() for p in run.model.parameters())}")
-    optimizers = build_optimizers(run.model, hp, layout)
-    run.scorer = run.model
+    model = GPT(hp.model_config).to(layout.device)
+
+    scorer = model
     if layout.use_compile:
         # training phases x eval shapes; fullgraph fails past it (named cache_size_limit before torch 2.7)
         torch._dynamo.config.cache_size_limit = 64
         torch._dynamo.config.optimize_ddp = hp.optimize_ddp
-        run.scorer = torch.compile(run.model, dynamic=False, fullgraph=True)
-    run.trainer = run.scorer
+        scorer = torch.compile(model, dynamic=False, fullgraph=True)
+    trainer = scorer
     if layout.distributed:  # no buffer broadcast: every rank holds the same RoPE tables and flags
         device_ids = [layout.local_rank] if layout.cuda else None
-        run.trainer = DDP(run.scorer, device_ids=device_ids, broadcast_buffers=False)
-    return optimizers
+        trainer = DDP(scorer, device_ids=device_ids, broadcast_buffers=False)
+    return model, scorer, trainer
 
 def main():
     run = setup()
-    start(run)
-    hp, layout = run.hp, run.layout
+    hp, layout, log = run.hp, run.layout, run.log
     try:
-        tokens = run.val.tokens.numel() - 1
-        shards = len(glob.glob(train_pattern(hp)))
-        run.log(f"val_tokens:{tokens} val_bytes:{int(run.val.bytes[1:].sum())} train_shards:{shards}")
-        optimizers = build_model(run)
+        log.write_header(run)
+        run.model, run.scorer, run.trainer = build_model(hp, layout)
+        log(f"model_params:{sum(p.numel() for p in run.model.parameters())}")
+        optimizers = build_optimizers(run.model, hp, layout)
         warmup(run, optimizers)
         ema = EMA(run.model, hp.ema_decay)
-        loader = train(run, optimizers, ema)
+        loader = DistributedTokenLoader(train_pattern(hp.data_path), layout.rank, layout.world_size, layout.device)
+        train(run, optimizers, ema, loader)
         if layout.cuda:
-            run.log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
-                    f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
-        ema.swap(run.model)  # calibration and export see the weights the last validation scored
-        hessians = calibrate(run, loader) if hp.gptq else None
+            log(f"peak memory allocated: {torch.cuda.max_memory_allocated() // 2**20} MiB "
+                f"reserved: {torch.cuda.max_memory_reserved() // 2**20} MiB")
+
+        # calibration and export see the weights the last validation scored; GPTQ reads on from the loader
+        ema.swap(run.model)
+        hessians = None
+        if hp.gptq:
+            hessians = calibrate(run, loader)
         blob = export(run, hessians)
         run.model.load_state_dict(load_artifact(blob), strict=True)
         final_passes(run)
         shutdown(run)
     except BaseException as error:
-        settings_module().log_failure(run.log.path, error, layout.rank, ConfigError)
+        settings_py("log_failure", log.path, error, layout.rank, STOPS)
         raise
 
 def shutdown(run):
@@ -1491,9 +1490,9 @@ def shutdown(run):
 
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
-        print(settings_module().help_text())
+        print(settings_py("help_text", alone=f"--help: {ALONE}"))
         sys.exit(0)
     try:
         main()
-    except ConfigError as e:
+    except STOPS as e:
         sys.exit(f"train_gpt.py: error: {e}")

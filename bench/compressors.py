@@ -23,6 +23,7 @@ import bz2
 import importlib
 import importlib.util
 import io
+import lzma
 import shutil
 import subprocess
 import tempfile
@@ -62,15 +63,15 @@ def optional(module: str, compress):
     return compress if importlib.util.find_spec(module) else None
 
 
-# zlib, lzma and zpaq: the export's own; brotli without the 6-byte tag the export puts before its bytes
+# zlib and zpaq: the export's own; brotli without the 6-byte tag the export puts before its bytes
 COMPRESSORS = {
-    "zlib-9": tg.COMPRESSORS["zlib"][0],
+    "zlib-9": partial(tg.compress, name="zlib"),
     "bz2-9": partial(bz2.compress, compresslevel=9),
-    "lzma-9e": tg.COMPRESSORS["lzma"][0],
+    "lzma-9e": partial(lzma.compress, preset=9 | lzma.PRESET_EXTREME),
     "zstd-22": optional("zstandard", zstd),
     "brotli-11": optional("brotli", brotli),
     "ppmd-o8": optional("pyppmd", ppmd),
-    "zpaq-5": optional("zpaq", tg.COMPRESSORS["zpaq"][0]),
+    "zpaq-5": optional("zpaq", partial(tg.compress, name="zpaq")),
     "lrzip-zpaq": lrzip if shutil.which("lrzip") else None,
 }
 KINDS = ("tok_emb", "attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "attn.attn_gate", "mlp.fc", "mlp.proj")
@@ -78,12 +79,10 @@ KINDS = ("tok_emb", "attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "attn.attn_
 
 def quantized(path: Path) -> dict:
     """The artifact's quantized dict, exactly as the export wrote it."""
-    blob = path.read_bytes()
-    found = [d for _, d, lead in tg.COMPRESSORS.values() if blob.startswith(lead)]
-    if not found:
-        raise SystemExit(f"{path}: its first bytes {blob[:6]!r} are those of no train_gpt.py COMPRESSOR "
-                         f"({', '.join(tg.COMPRESSORS)}); pass an artifact, logs/<run>_model.<export>.ptz")
-    raw = found[0](blob)
+    try:
+        raw = tg.decompress(path.read_bytes(), path)
+    except tg.ConfigError as e:
+        raise SystemExit(f"{e} ({', '.join(tg.COMPRESSORS)}); pass an artifact, logs/<run>_model.<export>.ptz")
     return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
 
 

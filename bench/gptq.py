@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import io
 import time
+from functools import partial
 
 import torch
 
@@ -35,12 +36,12 @@ def main() -> None:
     hp.gptq_calib_seqs = args.calib_seqs
     run = cpu_run(hp, state)
     model = run.model
-    loader = tg.DistributedTokenLoader(tg.train_pattern(hp))
+    loader = tg.DistributedTokenLoader(tg.train_pattern(hp.data_path))
     hessians = tg.calibrate(run, loader)  # what GPTQ=1 computes after training
     windows = hp.windows(False)
     _, reference = tg.metrics(tg.score(model, run.val, run.layout, *windows))
     print(f"the model as read: val_bpb {reference:.5f} (plain eval)")
-    compress = tg.COMPRESSORS[args.compressor][0]
+    compress = partial(tg.compress, name=args.compressor)
     parameters = sum(t.numel() for t in state.values())
     for bits in args.bits:
         for sigmas in args.sigmas:

@@ -2,7 +2,7 @@
 
     python bench/input_checks.py [--docs 50000] [--tokens 62000000] [--shard-tokens 100000000]
 
-1. The byte check (the byte tables + check_token_bytes): the validation split of the challenge has 50,000
+1. The byte check (the byte tables + settings.py's byte_problems): the validation split of the challenge has 50,000
    documents and about 62M sp1024 tokens; a stand-in of that size is made by tiling the sotu corpus's
    speeches, encoded with the sotu sp1024 tokenizer (`python data/build_sotu.py` makes it) in documents
    of whole paragraphs of about the challenge's average length.
@@ -22,6 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import settings  # noqa: E402
 import train_gpt as tg  # noqa: E402
 from data.build_sotu import find_corpus_dir  # noqa: E402
 from data.shards import write_datafile  # noqa: E402
@@ -35,8 +36,10 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(ROOT / "data/tokenizers/sotu_1024_bpe.model"))
     args = parser.parse_args()
 
-    tok = tg.load_tokenizer(args.tokenizer, 1024)
-    sp = spm.SentencePieceProcessor(model_file=args.tokenizer)  # train_gpt's Tokenizer only decodes
+    piece_bytes = tg.load_tokenizer(args.tokenizer, 1024)
+    sp = spm.SentencePieceProcessor(model_file=args.tokenizer)
+    pieces, decode = tg.read_pieces(Path(args.tokenizer))
+    no_text = torch.tensor([kind == "control" for kind, _ in pieces])
     try:
         speeches = find_corpus_dir() / "speeches"
     except RuntimeError as e:  # the sotu package is missing
@@ -57,11 +60,11 @@ def main() -> None:
     print(f"stand-in: {args.docs} documents ({unique} distinct, from the sotu corpus), "
           f"{tokens.numel():,} tokens")
     t0 = time.perf_counter()
-    counted = tok.piece_bytes[tokens.long()]
+    counted = piece_bytes[tokens.long()]
     t1 = time.perf_counter()
-    tg.check_token_bytes(tokens, counted, tok, "stand-in")
+    assert not settings.byte_problems(tokens, counted, decode, no_text, "stand-in")
     t2 = time.perf_counter()
-    print(f"byte tables: {t1 - t0:.2f} s; check_token_bytes (decode every document): "
+    print(f"byte tables: {t1 - t0:.2f} s; settings.byte_problems (decode every document): "
           f"{t2 - t1:.2f} s; {int(counted.sum()):,} bytes")
 
     with tempfile.TemporaryDirectory() as folder:

@@ -24,8 +24,9 @@ def time_mode(environ: dict, warmup: int, steps: int) -> dict:
         raise SystemExit(f"train_gpt.py: error: {error}") from None
     hp = run.hp
     layout = run.layout
-    optimizers = tg.build_model(run)  # seeded; compiled with COMPILE
-    loader = tg.DistributedTokenLoader(tg.train_pattern(hp), 0, 1, layout.device)
+    run.model, run.scorer, run.trainer = tg.build_model(hp, layout)  # seeded; compiled with COMPILE
+    optimizers = tg.build_optimizers(run.model, hp, layout)
+    loader = tg.DistributedTokenLoader(tg.train_pattern(hp.data_path), 0, 1, layout.device)
 
     def step() -> torch.Tensor:
         batches = tg.next_batches(loader, hp, layout)

@@ -92,8 +92,8 @@ def tiny_hp(**overrides) -> tg.Hyperparameters:
 def new_keeper(hp, source=b"source"):
     """checkpoints.Keeper as setup() builds it: handed the trainer's source, shards and error."""
     import checkpoints
-    found = glob.glob(tg.train_pattern(hp))  # setup() refuses a run without; a test of refusals may have none
-    shards = tg.load_shards(tg.train_pattern(hp), "training") if found else []
+    found = glob.glob(tg.train_pattern(hp.data_path))  # setup() refuses a run without; a test of refusals may have none
+    shards = tg.load_shards(tg.train_pattern(hp.data_path), "training") if found else []
     return checkpoints.Keeper(hp, source, shards, tg.ConfigError)
 
 

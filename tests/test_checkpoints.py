@@ -128,7 +128,7 @@ class Training:
         self.run = tg.Run(self.hp, tg.Layout(), None, b"source", model=tg.GPT(self.hp))
         self.optimizers = tg.build_optimizers(self.run.model, self.hp, self.run.layout)
         self.ema = tg.EMA(self.run.model, 0.0)
-        self.loader = tg.DistributedTokenLoader(tg.train_pattern(self.hp))
+        self.loader = tg.DistributedTokenLoader(tg.train_pattern(self.hp.data_path))
         self.root = tmp_path / "ckpt" / "unit"
 
     def step(self) -> None:
@@ -301,21 +301,17 @@ class Reads:
         return getattr(self.hp, name)
 
 
-def test_every_setting_the_model_reads_is_checked_by_a_resume():
-    """A new model setting must say whether a resume refuses a checkpoint that differs in it
-    (MODEL_SHAPE_SETTINGS) or not (INIT_ONLY_SETTINGS): both lists are what the model reads, every lever on
-    (a new lever's own settings are seen once conftest's TRAINING_LEVERS turns it on)."""
-    hp = Reads(all_on_hp())
+def test_the_model_reads_exactly_its_config():
+    """A resume compares the model's config (GPTConfig) with the checkpoint's: so the model reads nothing else
+    (a config of only those fields builds and runs it, every lever on, loops off and on), and every field of it
+    (none of them is stale)."""
+    hp = Reads(all_on_hp().model_config)
     model = tg.GPT(hp)
     for looping in (False, True):
         model.set_looping(looping)
         x = torch.randint(0, hp.hp.vocab_size, (2, hp.hp.train_seq_len))  # not the model's reads
         model(x, x)
-    read = hp.names & {f.name for f in dataclasses.fields(tg.Hyperparameters)}
-    listed = set(checkpoints.MODEL_SHAPE_SETTINGS) | set(checkpoints.INIT_ONLY_SETTINGS)
-    assert not read - listed, (f"the model reads {sorted(read - listed)}: add each to checkpoints.py's "
-                               "MODEL_SHAPE_SETTINGS (a resume refuses a checkpoint that differs) or INIT_ONLY_SETTINGS")
-    assert not listed - read, f"checkpoints.py lists {sorted(listed - read)}, which the model never reads"
+    assert hp.names == {f.name for f in dataclasses.fields(tg.GPTConfig)}
 
 
 def test_checkpoint_of_another_model_is_refused(tiny_data, tmp_path):
@@ -387,7 +383,7 @@ def test_byte_codec_round_trips(tmp_path):
     nothing. (About the byte tokenizer, not checkpoints: kept here as it was.)"""
     spec = {"tokenizer_type": "pure_byte", "vocab_size": 260, "config": {"byte_offset": 4}}
     (tmp_path / "byte260.json").write_text(json.dumps(spec))
-    tok = tg.load_tokenizer(tmp_path / "byte260.json", 260)
+    _, decode = tg.read_pieces(tmp_path / "byte260.json")
     text = "Fellow citizens — ünïcödé 🚀"
     ids = [4 + b for b in text.encode("utf-8")]
-    assert tok.decode([tg.BOS_ID] + ids) == text
+    assert decode([tg.BOS_ID] + ids) == text

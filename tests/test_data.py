@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ for p in (REPO, Path(__file__).resolve().parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import settings  # noqa: E402
 import train_gpt  # noqa: E402
 from data import build_jsonl, build_sotu, caseops, download_challenge  # noqa: E402
 from data.pipeline import hash_split  # noqa: E402
@@ -190,10 +192,10 @@ def test_val_bytes_from_train_gpt_accounting_equal_decoded_text(slice_build, sli
     m = manifests[variant]
     tok_path = data_dir / m["tokenizer"]["path"]
     tok = load_tokenizer(tok_path)
-    tables = train_gpt.load_tokenizer(tok_path, m["tokenizer"]["vocab_size"])
+    piece_bytes = train_gpt.load_tokenizer(tok_path, m["tokenizer"]["vocab_size"])
     for split in ("val", "train"):
         stream = split_tokens(data_dir, m, split)
-        counted = int(tables.piece_bytes[stream.long()].sum())
+        counted = int(piece_bytes[stream.long()].sum())
         decoded = sum(len(tok.decode(doc).encode("utf-8")) for doc in documents_of(stream))
         assert counted == decoded == m["splits"][split]["bytes"], (variant, split)
     if variant == "byte260":
@@ -491,7 +493,8 @@ def test_caseops_dataset_passes_train_gpt_startup_check(caseops_build):
     """train_gpt.py's own startup check of a byte sidecar, on the built dataset."""
     data_dir, m = caseops_build
     tok = train_gpt.load_tokenizer(data_dir / m["tokenizer"]["path"], m["tokenizer"]["vocab_size"])
-    hp = train_gpt.Hyperparameters(data_path=str(data_dir / "datasets" / m["name"]), train_seq_len=64)
+    hp = train_gpt.Hyperparameters(data_path=str(data_dir / "datasets" / m["name"]), train_seq_len=64,
+                                   tokenizer_path=str(data_dir / m["tokenizer"]["path"]))
     val = train_gpt.load_validation(hp, tok)
     assert int(val.bytes[1:].sum()) > 0
 
@@ -691,24 +694,44 @@ def test_ranks_take_disjoint_contiguous_spans(tmp_path):
 # ---- train_gpt.py: val_bpb's bytes ----
 
 
+class Tables(NamedTuple):
+    """train_gpt.py's bytes of each id's text, and the decoder and control ids settings.py's check reads."""
+    piece_bytes: torch.Tensor
+    decode: object
+    no_text: torch.Tensor
+
+
+def tables_of(path, vocab_size) -> Tables:
+    pieces, decode = train_gpt.read_pieces(Path(path))
+    no_text = torch.tensor([kind == "control" for kind, _ in pieces])
+    return Tables(train_gpt.load_tokenizer(path, vocab_size), decode, no_text)
+
+
+def check_bytes(tokens, counted, tok, what, share=(0, 1)):
+    """settings.py's startup check that each document's bytes are its text's, raised as the trainer raises it."""
+    problems = settings.byte_problems(tokens, counted, tok.decode, tok.no_text, what, share)
+    if problems:
+        raise train_gpt.ConfigError("\n".join(problems))
+
+
 def test_sentencepiece_bytes_equal_decoded_text(tiny_data):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(tiny_data.tokenizer_path))
-    tables = train_gpt.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
+    piece_bytes = train_gpt.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
     shard = train_gpt.shard_tokens(tiny_data.data_path / "fineweb_val_000000.bin")
     tokens = torch.from_numpy(shard.astype("int64"))
     docs = [sp.encode(doc) for doc in tiny_data.val_docs]
     assert any(sp.is_byte(t) for t in docs[-1]), "the last document must exercise byte fallback"
     decoded_bytes = sum(len(sp.decode(ids).encode("utf-8")) for ids in docs)
-    assert int(tables.piece_bytes[tokens.long()].sum()) == decoded_bytes
+    assert int(piece_bytes[tokens.long()].sum()) == decoded_bytes
 
 
 def test_byte_tokenizer_bytes_equal_text(tmp_path):
     spec = {"tokenizer_type": "pure_byte", "vocab_size": 260,  # the challenge's fineweb_pure_byte_260.json
             "config": {"byte_offset": 4, "byte_count": 256, "pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}}
     (tmp_path / "byte260.json").write_text(json.dumps(spec))
-    tables = train_gpt.load_tokenizer(tmp_path / "byte260.json", 260)
+    tables = tables_of(tmp_path / "byte260.json", 260)
     docs = ["Plain ASCII.", " leading space, ünïcödé, 東京 🚀", ""]
     tokens = torch.tensor([t for d in docs for t in [1] + [b + 4 for b in d.encode("utf-8")]])
     assert int(tables.piece_bytes[tokens.long()].sum()) == sum(len(d.encode("utf-8")) for d in docs)
@@ -736,7 +759,7 @@ def test_case_restore_undoes_the_fields_transform():
              "x2\ue001y": "x2Y", "\u00c9\ue002cole": "\u00c9COLE", "\ue004\ue001": "\ue001",
              "a\ue004\ue004b": "a\ue004b", "plain text, 12 \u20ac": "plain text, 12 \u20ac"}
     for encoded, original in cases.items():
-        assert train_gpt.case_restore(encoded) == original, encoded
+        assert settings.case_restore(encoded) == original, encoded
 
 
 # For any SentencePiece model: for each option that changes how spaces and bytes are written, a tokenizer is
@@ -791,7 +814,7 @@ def train_bytes_tokenizer(path, corpus, **options):
     spm.SentencePieceTrainer.train(sentence_iterator=iter(line for doc in corpus for line in doc.splitlines()),
                                    model_prefix=str(path), **{**settings, **options})
     sp = spm.SentencePieceProcessor(model_file=f"{path}.model")
-    return sp, train_gpt.load_tokenizer(f"{path}.model", sp.vocab_size())
+    return sp, tables_of(f"{path}.model", sp.vocab_size())
 
 
 def doc_stream(sp, docs):
@@ -813,7 +836,7 @@ def test_bytes_equal_the_text_for_every_option(tmp_path, corpus, name):
     counted = tok.piece_bytes[tokens.long()]
     assert per_document(tokens, counted) == [len(doc.encode("utf-8")) for doc in docs], name
     assert (counted >= 0).all()
-    train_gpt.check_token_bytes(tokens, counted, tok, "test")  # the startup check agrees
+    check_bytes(tokens, counted, tok, "test")  # the startup check agrees
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -822,7 +845,7 @@ def test_retired_options_are_refused_at_startup(tmp_path, corpus, name):
     with pytest.raises(train_gpt.ConfigError, match=message):
         sp, tok = train_bytes_tokenizer(tmp_path / "tok", corpus, **options)
         tokens = doc_stream(sp, [corpus[0][:3000], corpus[1][-2000:]] + PLAIN)
-        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
+        check_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_options_exercise_what_they_claim(tmp_path, corpus):
@@ -837,7 +860,7 @@ def test_the_check_refuses_tables_that_miscount(tmp_path, corpus):
     tok.piece_bytes[tokens[1]] += 1  # the first document's first piece counted one byte too many
     message = r"test: document 0 .* decodes to 50 bytes but the byte tables count 5[12]"
     with pytest.raises(train_gpt.ConfigError, match=message):
-        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
+        check_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_unknown_tokens_are_refused(tmp_path, corpus):
@@ -845,7 +868,7 @@ def test_unknown_tokens_are_refused(tmp_path, corpus):
     tokens = doc_stream(sp, PLAIN)
     assert (tok.piece_bytes[tokens] < 0).any(), "CJK and emoji are not in this vocabulary"
     with pytest.raises(train_gpt.ConfigError, match=r"test: token \d+ is <unk>.*byte_fallback=True"):
-        train_gpt.check_token_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
+        check_bytes(tokens, tok.piece_bytes[tokens.long()], tok, "test")
 
 
 def test_ranks_share_the_documents(tmp_path, corpus):
@@ -860,6 +883,6 @@ def test_ranks_share_the_documents(tmp_path, corpus):
     for rank in range(3):
         if rank == 4 % 3:
             with pytest.raises(train_gpt.ConfigError, match="document 4 "):
-                train_gpt.check_token_bytes(tokens, counted, tok, "test", (rank, 3))
+                check_bytes(tokens, counted, tok, "test", (rank, 3))
         else:
-            train_gpt.check_token_bytes(tokens, counted, tok, "test", (rank, 3))
+            check_bytes(tokens, counted, tok, "test", (rank, 3))

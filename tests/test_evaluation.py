@@ -49,7 +49,7 @@ class PositionLoss(torch.nn.Module):
 def val(tiny_data) -> tg.Validation:
     """The tiny validation split, cut to 40 windows of 16."""
     hp = tiny_hp(vocab_size=tiny_data.vocab_size, val_batch_size=VAL_BATCH,
-                 data_path=str(tiny_data.data_path))
+                 data_path=str(tiny_data.data_path), tokenizer_path=str(tiny_data.tokenizer_path))
     tok = tg.load_tokenizer(tiny_data.tokenizer_path, tiny_data.vocab_size)
     full = tg.load_validation(hp, tok)
     end = 16 * 40 + 1
@@ -231,7 +231,7 @@ def test_a_change_reaches_no_chunk_scored_before_it(lora_model, batch):
     before = chunk_losses(lora_run(lora_model, ttt_batch_size=batch))
     changed = val.tokens.clone()
     changed[62 + 3 * CHUNK:130] = torch.randint_like(changed[62 + 3 * CHUNK:130], 2, 64)
-    after = chunk_losses(lora_run(lora_model, dataclasses.replace(val, tokens=changed), ttt_batch_size=batch))
+    after = chunk_losses(lora_run(lora_model, val._replace(tokens=changed), ttt_batch_size=batch))
     assert before.keys() == after.keys()
     same = [key for key in before if key[0] != 4 or key[1] < 3]
     if batch == 2:  # groups [4, 5], [2, 0], [1, 3]: A carries the change into the later two

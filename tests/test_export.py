@@ -369,7 +369,7 @@ def test_calibration_covers_every_quantized_matrix_and_never_reads_validation(ti
     # the same calibration with different validation tokens (and none on disk) gives the same
     # Hessians
     run2, loader2 = calibration_run(tiny_data)
-    run2.val.tokens = torch.randint_like(run2.val.tokens, 2, tiny_data.vocab_size)
+    run2.val = run2.val._replace(tokens=torch.randint_like(run2.val.tokens, 2, tiny_data.vocab_size))
     for path in tiny_data.data_path.glob("fineweb_val_*.bin"):
         path.rename(path.with_suffix(".hidden"))
     try:

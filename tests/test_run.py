@@ -143,8 +143,8 @@ def test_warmup_steps_do_not_change_the_run(single_run, tiny_data, tmp_path):
 def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
     """torch.compile recompiles nothing inside the timed training steps or the timed final passes. Warmup
     compiles each training phase's step (the depth-recurrence switch); validation compiles its own graph with
-    the clock paused; the final passes prime what the last validation did not (the sliding window, TTT's
-    growing windows, at shapes training never ran) before their timers. Dynamo's guards decide recompiles
+    the clock paused, in the shape the round trip and the sliding windows score again; the final passes prime
+    TTT's growing windows, at shapes training never ran, before their timers. Dynamo's guards decide recompiles
     whatever the backend, so the cheap "eager" backend stands in for inductor."""
     driver = ("import functools, torch\n"
               "torch.compile = functools.partial(torch.compile, backend='eager')\n"
@@ -176,7 +176,7 @@ def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.count("phase: from step:") == 1
         assert re.search(r"^warmup: steps:3 phases:2 graphs:\d+ time:\d+ms$", out.stdout, flags=re.M)
-        assert re.search(r"^priming: passes:roundtrip,sliding_window,ttt graphs:\d+ time:\d+ms$", out.stdout,
+        assert re.search(r"^priming: passes:ttt graphs:\d+ time:\d+ms$", out.stdout,
                          flags=re.M), out.stdout[-2000:]
         assert "driver: 0 graphs compiled inside training steps" in out.stdout, out.stdout[-2000:]
         total = re.search(r"^final_eval_total eval_time:\d+ms limit:600000ms "
@@ -185,24 +185,29 @@ def test_nothing_compiles_inside_a_timer(short_val_data, tmp_path):
         assert total and total.group(1) == "0", out.stdout[-2000:]
 
 
-def test_priming_runs_one_batch_of_each_graph_it_compiles():
-    """The final passes' priming is the least work that compiles each graph: one batch of windows for the
-    sliding pass (a window for every rank, padded to the batch every rank scores) and one chunk for every row
-    of a TTT group; the round trip scores as the last validation did, and is not run again."""
+def test_priming_runs_one_chunk_of_a_ttt_group():
+    """The final passes' priming is the least work that compiles what validation did not: one chunk for every
+    row of a TTT group. The round trip and the sliding windows score batches of the shape the last validation
+    compiled (test_nothing_compiles_inside_a_timer), and are not run."""
     hp = tg.Hyperparameters(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2,
                             train_seq_len=32, eval_stride=16, val_batch_size=8 * 32 * 3,
                             ttt_enabled=True, ttt_lora_rank=2, ttt_chunk_size=16, ttt_batch_size=5)
     model = tg.GPT(hp)
     positions = []
 
-    def scorer(x, y, reduction="mean", lora=None):
-        positions.append(x.numel())
-        return model(x, y, reduction, lora)
+    class Scorer(torch.nn.Module):  # the model, counting the positions each call scores
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y, reduction="mean", lora=None):
+            positions.append(x.numel())
+            return self.model(x, y, reduction, lora)
+    scorer = Scorer()
     layout = tg.Layout(grad_accum_steps=8, use_compile=True)
     run = tg.Run(hp, layout, None, b"", model=model, scorer=scorer, trainer=scorer)
-    tg.prime(run, ["roundtrip", "sliding_window", "ttt"])
-    per_batch = hp.val_batch_size // layout.grad_accum_steps // hp.train_seq_len  # score()'s windows per batch
-    assert positions == [per_batch * hp.train_seq_len, hp.ttt_batch_size * hp.ttt_chunk_size]
+    tg.prime_ttt(run)
+    assert positions == [hp.ttt_batch_size * hp.ttt_chunk_size]
     assert all(p.requires_grad for p in model.parameters()), "TTT's priming leaves the model trainable"
 
 
@@ -303,7 +308,7 @@ def test_an_export_that_cannot_hold_the_weights_ends_the_run_naming_the_tensor(t
 def test_the_export_refuses_what_it_cannot_represent(name, weight, shown):
     hp = tg.Hyperparameters(matrix_bits=6)
     message = rf"export: {re.escape(name)} holds \|w\| up to {re.escape(shown)}: not finite"
-    with pytest.raises(tg.ConfigError, match=message):
+    with pytest.raises(tg.RunError, match=message):
         tg.quantize_state_dict({name: weight}, hp)
     scale = 1 if weight.numel() < 4096 else 2000
     fine = {name: weight.nan_to_num(0.0, 0.0, 0.0).clamp(max=60000.0) / scale}
@@ -450,12 +455,13 @@ def workspace(tiny_data, tmp_path):
                         RUN_ID="new", ARTIFACT_DIR=tmp_path / "logs",
                         CHECKPOINT_DIR=tmp_path / "checkpoints")
     run = tg.setup({**env, "RUN_ID": "earlier"})
-    optimizers = tg.build_model(run)
+    run.model, run.scorer, run.trainer = tg.build_model(run.hp, run.layout)
+    optimizers = tg.build_optimizers(run.model, run.hp, run.layout)
     keeper = new_keeper(run.hp, b"an earlier train_gpt.py")
-    loader = tg.DistributedTokenLoader(tg.train_pattern(run.hp))
+    loader = tg.DistributedTokenLoader(tg.train_pattern(run.hp.data_path))
     ema = tg.EMA(run.model, 0.0)
     keeper.save(run, optimizers, ema, loader, tg.LoopState(step=4), 0)
-    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs").mkdir(exist_ok=True)  # setup() made it
     (tmp_path / "logs" / "earlier.txt").write_text("step:4/4 val_loss:5.0 val_bpb:2.5\n")
     (tmp_path / "logs" / "earlier_model.int8_zlib.ptz").write_bytes(b"an earlier artifact")
     return tmp_path, env
@@ -619,7 +625,7 @@ CASES = {
                                 r"RESUME=.*nowhere: .*meta.json does not exist"),
     "RESUME=latest without RUN_ID": (
         lambda ws: then(RESUME="latest", RUN_ID=""),
-        r"RESUME=latest: no checkpoint of RUN_ID='' in .*; set RUN_ID"),
+        r"RESUME=latest: set RUN_ID to the run to resume"),
     "RESUME=latest of a run without checkpoints": (
         lambda ws: then(RESUME="latest"),
         r"RESUME=latest: no checkpoint of RUN_ID='new' in .*checkpoints"),
