@@ -35,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from build_trainer import rebuild_args
+from build_trainer import parse_label, rebuild_args
 from check_record import (FOLDER_NAME, GITHUB_LOGIN, UNATTRIBUTED, check_folder, check_run,
                           eval_time_for_rule, record_summary, required_packages, seed_result)
 from runlog import (RECORDS_DIR, LogError, find_artifact, load_tracks, pack_logged_source,
@@ -185,6 +185,9 @@ def build_sentence(run) -> str:
     if label == "core":
         return ("The trainer that ran (the source in each log) is this repository's core "
                 "`train_gpt.py` (`build: core`).")
+    if parse_label(label) is None:
+        return (f"The trainer that ran names its build `{label}`, which is neither this repository's "
+                f"core nor a build of its technique stack.")
     command = "python tools/build_trainer.py " + " ".join(rebuild_args(label))
     return (f"The trainer that ran (the source in each log) is a build of this repository's "
             f"technique stack, `{label}`; from the repository root, `{command} --out "
