@@ -53,20 +53,13 @@ def fr(frontier_script):
     return import_trainer(frontier_script, "train_gpt_frontier")
 
 
-def launch(script: Path, env: dict, cwd: Path, nproc: int = 1, timeout: float = 240) -> subprocess.Popen:
+def launch(script: Path, env: dict, cwd: Path, nproc: int = 1) -> subprocess.Popen:
     """Start a trainer as users do: `python train_gpt.py`, or torchrun --standalone with nproc processes (gloo on
     the CPU). The caller waits (communicate()), so that runs can go side by side."""
     cmd = [sys.executable, str(script)]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def run_built(script: Path, env: dict, cwd: Path, nproc: int = 1, timeout: float = 240):
-    """launch() and wait: (returncode, stdout, stderr)."""
-    proc = launch(script, env, cwd, nproc)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
 
 
 def built_env(data: TinyData, script: Path, **overrides) -> dict:

@@ -5,11 +5,12 @@ core computes (tests/test_stack.py)."""
 
 import copy
 import math
+import re
 
 import pytest
 import torch
 
-from stack.conftest import built_env, frontier_all_on, random_model
+from stack.conftest import built_env, frontier_all_on, launch, random_model
 
 # Six documents (one of a single token) in 201 tokens, each a short pattern repeated: what adapters can learn
 DOCUMENT_STARTS = [0, 17, 18, 60, 61, 130]
@@ -180,3 +181,21 @@ def test_the_best_entrys_phases_are_settings_here(fr):
     hp = fr.Hyperparameters.from_env({name: TOP_ENV[name] for name in phases})
     assert (hp.phased_ttt_enabled, hp.phased_ttt_prefix_docs, hp.phased_ttt_num_phases, hp.global_ttt_momentum) == (
         True, 2500, 3, 0.9)
+
+
+def test_two_ranks_pause_at_the_same_phases_and_the_run_scores(frontier_script, short_val_data, tmp_path):
+    """torchrun, 2 processes (gloo): three documents in groups of one, phases after 1 and 2 of the first 2 are
+    scored. Every rank reaches each phase (a rank that did not would hang the all-reduce of its SGD), each trains
+    on its half of every chunk's rows, and the run ends with its TTT score."""
+    env = built_env(short_val_data, frontier_script, RUN_ID="phased", ITERATIONS="4", WARMDOWN_ITERS="2",
+                    TTT_ENABLED="1", TTT_BATCH_SIZE="1", TTT_LORA_RANK="4", TTT_CHUNK_SIZE="64",
+                    PHASED_TTT_ENABLED="1", PHASED_TTT_PREFIX_DOCS="2", PHASED_TTT_NUM_PHASES="2",
+                    GLOBAL_TTT_CHUNK_TOKENS="128")
+    proc = launch(frontier_script, env, tmp_path, nproc=2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"^ttt: groups:3 world_size:2 ", out, re.M), out[-2000:]
+    phases = re.findall(r"^ttt_phase:(\d+) docs:(\d+) tokens:(\d+)", out, re.M)
+    assert [phase[:2] for phase in phases] == [("1", "1"), ("2", "2")], phases
+    assert int(phases[0][2]) < int(phases[1][2]), "the second phase trains on the first one's document and more"
+    assert re.search(r"^final_int8_zlib_ttt_exact val_loss:\S+ val_bpb:\S+$", out, re.M), out[-2000:]
