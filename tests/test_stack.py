@@ -8,7 +8,6 @@ Each technique's own tests are in tests/stack/."""
 import json
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -41,16 +40,11 @@ def stack_repo(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "stack", repo / "stack")
     (repo / "train_gpt.py").write_bytes(bt.git(["cat-file", "blob", MANIFEST.base], ROOT).stdout)
-    commit(repo, "the base")
-    return repo
-
-
-def commit(repo, message) -> str:
-    who = ["-c", "user.name=tests", "-c", "user.email=tests@example.invalid"]
     bt.git(["init", "-q"], repo)
     bt.git(["add", "-A"], repo)
-    bt.git([*who, "commit", "-q", "-m", message], repo)
-    return bt.full_commit("HEAD", repo)
+    who = ["-c", "user.name=tests", "-c", "user.email=tests@example.invalid", "-c", "commit.gpgsign=false"]
+    bt.git([*who, "commit", "-q", "-m", "the base"], repo)
+    return repo
 
 
 def cli(argv, root, capsys) -> tuple[int, str, str]:
@@ -126,9 +120,13 @@ def test_a_listed_subset_builds_in_the_manifests_order(tmp_path, capsys, frontie
     assert bt.parse_label(bt.build_label(built))["techniques"] == NAMES
     assert bt.build_label(built).startswith(f"stack:custom techniques:{','.join(NAMES)} core:")
     assert without_build_line(built) == without_build_line(frontier_script.read_bytes())
-    for name in NAMES:  # each alone, where the diffs allow: these do
-        alone = bt.build(bt.Tree(), None, [name])
-        assert bt.parse_label(bt.build_label(alone))["techniques"] == [name]
+    for k in range(1, len(NAMES)):  # every prefix builds: the chain is made of them
+        assert bt.parse_label(bt.build_label(bt.build(bt.Tree(), None, NAMES[:k])))["techniques"] == NAMES[:k]
+    for name in NAMES:  # each alone builds where its diff allows, or is refused for a hunk
+        try:
+            assert bt.parse_label(bt.build_label(bt.build(bt.Tree(), None, [name])))["techniques"] == [name]
+        except bt.StackError as e:
+            assert "does not apply" in str(e) and "its hunk that failed:" in str(e)
     code, _, err = cli(["--techniques", "no-such", "--out", out], ROOT, capsys)
     assert code == 1 and "--techniques no-such: no technique no-such; the stack's techniques are" in err
 
@@ -165,6 +163,9 @@ def test_out_never_replaces_the_core_nor_a_file_that_is_not_a_build(tmp_path, ca
     code, _, err = cli(["--out", root / "train_gpt.py"], root, capsys)
     assert code == 1 and "is the repository's core train_gpt.py, which the builder never replaces" in err
     assert (root / "train_gpt.py").read_bytes() == core
+    record = root / "records" / "track_cpu" / "2026-01-01_Built" / "train_gpt.py"
+    code, _, err = cli(["--out", record], root, capsys)
+    assert code == 1 and "is in records/, whose files are what ran" in err and not record.parent.exists()
     notes = tmp_path / "notes.py"
     notes.write_text("print('mine')\n")
     code, _, err = cli(["--out", notes], root, capsys)

@@ -3,7 +3,6 @@ of settings.py, checkpoints.py and tools/packing.py (so it runs as it does in th
 module of its own (import train_gpt stays the core), and launched as users launch it."""
 
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CPU_PINNED, ROOT, TINY_HP, TRAINING_LEVERS, TinyData
+import settings
+from conftest import ROOT, TINY_HP, TRAINING_LEVERS, TinyData
 
 sys.path.insert(0, str(ROOT / "tools"))
 import build_trainer  # noqa: E402
@@ -64,7 +64,6 @@ def launch(script: Path, env: dict, cwd: Path, nproc: int = 1) -> subprocess.Pop
 
 def built_env(data: TinyData, script: Path, **overrides) -> dict:
     """data.env() for a built trainer (script): none of the stack's settings inherited either."""
-    import settings
     env = data.env(**overrides)
     core = {row[0] for row in settings.rows()}
     for name, _, _ in settings.rows(trainer=script):
