@@ -82,6 +82,7 @@ def test_each_diff_changes_train_gpt_py_alone_and_its_header_states_what_it_adds
     core = bt.Tree().read("train_gpt.py")
     steps = bt.chain(core, bt.Tree(), NAMES)
     first_index = re.search(rb"^index ([0-9a-f]{40})\.\.", bt.read_diff(bt.Tree(), NAMES[0]), re.M)
+    assert first_index, "a diff names its blobs in full (git diff --full-index; --add and --rebase write so)"
     assert first_index.group(1).decode() == MANIFEST.base, "the manifest's base is what the first diff applies to"
     for i, name in enumerate(NAMES):
         header = bt.header(bt.read_diff(bt.Tree(), name))

@@ -161,6 +161,8 @@ def test_priming_a_global_phase_runs_one_step_and_leaves_the_weights(fr, lora_mo
     (dict(GLOBAL_TTT_CHUNK_TOKENS="192", WORLD_SIZE="2"), r"GLOBAL_TTT_CHUNK_TOKENS=192: use a multiple of 128"),
     (dict(GLOBAL_TTT_CHUNK_TOKENS="0"), r"GLOBAL_TTT_CHUNK_TOKENS=0 must be positive"),
     (dict(PHASED_TTT_NUM_PHASES="0"), r"PHASED_TTT_NUM_PHASES=0 must be positive"),
+    # settings.py's INSTEAD is the core's: the field's full-parameter TTT names stay retired, not renamed
+    (dict(TTT_LR="0.01"), r"TTT_LR=0.01: retired"),
 ])
 def test_a_phases_chunks_split_evenly_over_the_ranks_before_any_work(fr, frontier_script, tiny_data, settings,
                                                                       message):
