@@ -16,7 +16,13 @@ source's packing: re-packed with the logged script's own pack_source it gives th
 and the program it unpacks to is the logged source's, docstrings aside (AST dumps compared);
 bytes_total and every run fit the track's artifact cap; every run trained and evaluated
 within the track's limits and its budget (tracks.json); copied model files match the sha256
-their logs recorded; requirements.txt, when present, lists what the run imports. --deep
+their logs recorded; requirements.txt, when present, lists what the run imports. The logged
+source is what its log's `build:` line names: a core that this repository's history holds
+(or the working tree's own; a log from before that line is taken as a core, and a core
+missing from the history is then only a note), or a build of the technique stack, which
+tools/build_trainer.py makes again from the commit the line names and which must match byte
+for byte (a build from uncommitted files, or from a commit this repository lacks, is a
+violation); submission.json's build, when present, is the logs'. --deep
 reloads each model file with the record's own code and recomputes the round-trip val_bpb on
 the validation data (skipped, with a note, when the data or the file is absent). Every
 finding is a violation.
@@ -48,6 +54,8 @@ import sys
 from datetime import date, datetime
 from pathlib import Path
 
+from build_trainer import (ROOT, StackError, blob_id, committed_core, full_commit, parse_label,
+                           rebuild, rebuild_args)
 from packing import PACKED_HEAD, without_docstrings
 from runlog import (LogError, distinct_runs, find_artifact, is_our_log,
                     load_tracks, log_paths, matching_run, named_seed, pack_logged_source,
@@ -499,6 +507,8 @@ def check_our_folder(folder: Path, tracks: dict, deep: bool, data_path, tokenize
     runs, found = check_cited_runs(folder, seeds, seed_results, track_name, track, script,
                                    notes)
     problems += found
+    if runs and "build" in sub:
+        problems += build_claim(sub, runs)
     complete = runs and len(runs) == len(seeds) and all(run.finished for run in runs)
     if complete and track is not None:
         problems += check_aggregates(sub, runs, track)
@@ -506,6 +516,14 @@ def check_our_folder(folder: Path, tracks: dict, deep: bool, data_path, tokenize
     if deep and runs:
         problems += deep_check(folder, runs, data_path, tokenizer_path, deep_tolerance, notes)
     return problems
+
+
+def build_claim(sub: dict, runs) -> list[str]:
+    """submission.json's build (in folders made since the logs name it) is the logs'."""
+    logged = sorted({run.build or "core" for run in runs})
+    if [sub["build"]] == logged:
+        return []
+    return [f"submission.json: build={sub['build']!r} but the logs say {', '.join(logged)}"]
 
 
 def script_claims(sub: dict, script: bytes) -> list[str]:
@@ -541,6 +559,7 @@ def check_cited_runs(folder: Path, seeds: list, seed_results: dict, track_name, 
     runs = []
     problems = []
     checked_sources = {}
+    checked_builds = {}
     for seed in seeds:
         entry = seed_results.get(str(seed))
         if not isinstance(entry, dict):
@@ -569,6 +588,7 @@ def check_cited_runs(folder: Path, seeds: list, seed_results: dict, track_name, 
         if track_name is not None:
             problems += check_run(run, track_name, track)
         problems += script_problems(script, run, checked_sources, notes)
+        problems += provenance_problems(run, checked_builds, notes)
         problems += model_file_problems(folder, run)
     return runs, problems
 
@@ -592,6 +612,77 @@ def script_problems(script, run, checked_sources: dict, notes: list) -> list[str
                 f"folder's train_gpt.py must be that packed file; re-make the record with "
                 f"make_record.py"]
     return []
+
+
+def provenance_problems(run, checked: dict, notes: list) -> list[str]:
+    """The logged train_gpt.py (the folder's, or what it packs) is what the log's `build:`
+    line names: a core of this repository's history (a log from before the line is taken as
+    one), or the stack's build that tools/build_trainer.py makes again, byte for byte, from
+    the commit the line names. Checked once per source."""
+    key = (run.source_sha256, run.build)
+    if key in checked:
+        return []
+    label = run.build or "core"
+    checked[key] = core_problems(run, notes) if label == "core" else build_problems(run, label)
+    return checked[key]
+
+
+def core_problems(run, notes: list) -> list[str]:
+    name = run.path.name
+    committed = committed_core(run.source)
+    if committed is None:
+        notes.append(f"{name}: {ROOT} has no git history, so whether its train_gpt.py is "
+                     f"one of this repository's is not checked")
+        return []
+    # the working tree's core, not yet committed, is this checkout's own
+    if committed or run.source == (ROOT / "train_gpt.py").read_bytes():
+        return []
+    blob = blob_id(run.source)
+    if run.build is None:
+        notes.append(f"{name}: logged before train_gpt.py named its build, and its "
+                     f"train_gpt.py (blob {blob[:12]}) is no train_gpt.py of this "
+                     f"repository's history")
+        return []
+    return [f"{name}: build: core, but its train_gpt.py (blob {blob[:12]}) is no "
+            f"train_gpt.py of this repository's history (git log --all "
+            f"--find-object={blob} -- train_gpt.py finds none); commit the train_gpt.py "
+            f"that ran, then check again"]
+
+
+def build_problems(run, label: str) -> list[str]:
+    """A stack's build: rebuilt at the commit its label names, it is the logged source."""
+    name = run.path.name
+    found = parse_label(label)
+    if found is None:
+        return [f"{name}: build: {label!r} is neither core nor a stack's build (stack:NAME "
+                f"techniques:A,B core:COMMIT); the log was edited, or another tool wrote it"]
+    if found["uncommitted"]:
+        return [f"{name}: build: {label}: built from a train_gpt.py or stack/ that differed "
+                f"from the commit it names, so no commit rebuilds it; commit them, build "
+                f"again with tools/build_trainer.py and rerun"]
+    commit = found["commit"]
+    if full_commit(commit) is None:
+        return [f"{name}: build: {label}: its core commit {commit} is not in this "
+                f"repository ({ROOT}); fetch it (git fetch origin {commit}) and check again"]
+    command = "python tools/build_trainer.py " + " ".join(rebuild_args(label))
+    try:
+        rebuilt = rebuild(label)
+    except StackError as e:
+        return [f"{name}: build: {label}: {command} fails: {str(e).splitlines()[0]}"]
+    if rebuilt == run.source:
+        return []
+    line = first_difference(rebuilt, run.source)
+    return [f"{name}: its train_gpt.py is not what {command} builds (they differ from "
+            f"line {line}): the file was edited after it was built; record the build itself"]
+
+
+def first_difference(a: bytes, b: bytes) -> int:
+    """The number of the first line where a and b differ."""
+    a_lines, b_lines = a.splitlines(), b.splitlines()
+    for number, (x, y) in enumerate(zip(a_lines, b_lines), 1):
+        if x != y:
+            return number
+    return min(len(a_lines), len(b_lines)) + 1
 
 
 def model_file_problems(folder: Path, run) -> list[str]:

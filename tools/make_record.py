@@ -10,8 +10,9 @@ The folder holds what the challenge's accepted record folders hold: train_gpt.py
 embedded in the logs, byte for byte, or with PACK_CODE=1 its packing by the logged script's own
 pack_source, which is what the runs counted), the logs, submission.json (the challenge's fields:
 track as the challenge spells it, per-seed seed_results, means and sample stds, compliance
-computed from the logs; plus ours that check_record.py ties to the logs), requirements.txt (the
-packages beyond torch), and a README skeleton (results, data, install, compliance, reproduction,
+computed from the logs; plus ours that check_record.py ties to the logs, among them `build`: the
+logs' `build:` line, core or the technique stack's build), requirements.txt (the packages beyond
+torch), and a README skeleton (results, data, install, compliance, reproduction and the build,
 how to open the pull request). --copy-artifacts also copies each run's model file (git-ignored
 in the challenge's repository), so that `check_record.py --deep` can re-score it.
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from build_trainer import parse_label, rebuild_args
 from check_record import (FOLDER_NAME, GITHUB_LOGIN, UNATTRIBUTED, check_folder, check_run,
                           eval_time_for_rule, record_summary, required_packages, seed_result)
 from runlog import (RECORDS_DIR, LogError, find_artifact, load_tracks, pack_logged_source,
@@ -153,6 +155,7 @@ def submission_for(runs, meta: dict, script: bytes, track: dict) -> dict:
         "compliance": summary["compliance"],
         "hardware": summary["hardware"], "pytorch_version": summary["pytorch_version"],
         "score_line": summary["score_line"], "script_sha256": sha256_hex(script),
+        "build": runs[0].build or "core",
     }
 
 
@@ -174,6 +177,21 @@ def from_folder(command: str) -> str:
         if value and not Path(value).is_absolute():
             words[i] = f"{name}={'../' * REPO_DEPTH}{value.removeprefix('./')}"
     return shlex.join(words)
+
+
+def build_sentence(run) -> str:
+    """What the trainer that ran is, from its log's `build:` line: the core, or a stack's build."""
+    label = run.build or "core"
+    if label == "core":
+        return ("The trainer that ran (the source in each log) is this repository's core "
+                "`train_gpt.py` (`build: core`).")
+    if parse_label(label) is None:
+        return (f"The trainer that ran names its build `{label}`, which is neither this repository's "
+                f"core nor a build of its technique stack.")
+    command = "python tools/build_trainer.py " + " ".join(rebuild_args(label))
+    return (f"The trainer that ran (the source in each log) is a build of this repository's "
+            f"technique stack, `{label}`; from the repository root, `{command} --out "
+            f"build/train_gpt.py` makes it again, byte for byte.")
 
 
 def data_section(run) -> str:
@@ -365,6 +383,8 @@ the repository):
 ```bash
 {commands}
 ```{packed_note}
+
+{build_sentence(runs[0])}
 
 ## Opening the pull request
 

@@ -1,8 +1,9 @@
 """Read run logs, ours and the challenge's, through one table of line formats; and the track table.
 
 Our logs (`logs/<RUN_ID>.txt`, written by train_gpt.py's rank 0) start with the script's own
-source between two marker lines, then one line each of versions, hardware, command,
-hyperparameters (JSON) and run layout, then the step lines and the export and round-trip lines.
+source between two marker lines, then one line each of versions, hardware, command, build (`core`,
+or the stack's build that tools/build_trainer.py wrote), hyperparameters (JSON) and run layout,
+then the step lines and the export and round-trip lines.
 The challenge's logs (a record folder's `*.log` and `*.txt`, in it and its subfolders such as
 `logs/`) were written by many scripts over the weeks, in a few generations of the same lines:
 
@@ -184,6 +185,7 @@ class RunLog:
     eval_total: dict | None = None  # final_eval_total: eval_time_ms, passes, ...
     total_eval_ms: float | None = None  # the field's total_eval_time
     errors: list = field(default_factory=list)  # "rank <r>: <message>" + traceback
+    build: str | None = None  # `build: core` or a stack's build (tools/build_trainer.py); None: logged before
 
     @property
     def ours(self) -> bool:
@@ -460,6 +462,11 @@ def on_dataset(run: RunLog, m: re.Match) -> None:
     run.hyperparameters.setdefault("data_path", m["name"])
 
 
+def on_build(run: RunLog, m: re.Match) -> None:
+    if run.build is None:
+        run.build = m["text"]
+
+
 def on_versions(run: RunLog, m: re.Match) -> None:
     run.versions = dict(FIELD.findall(m["text"]))
 
@@ -516,6 +523,7 @@ LINE_FORMATS = [
     (r"seed:(?P<seed>\d+)", on_seed),
     (r"train_loader:dataset:(?P<name>\S+)(?: .*)?", on_dataset),
     (r"versions:(?P<text>.*)", on_versions),
+    (r"build: (?P<text>\S+(?: \S+)*)", on_build),
     (r"hardware:(?P<text>.*)", on_hardware),
     (r"command:(?P<text>.*)", on_command),
     (r"(?P<text>world_size:\d+ .*)", on_layout),
