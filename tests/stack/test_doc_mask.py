@@ -6,7 +6,6 @@ core computes (tests/test_stack.py)."""
 
 import dataclasses
 
-import checkpoints
 import pytest
 import torch
 
@@ -114,9 +113,10 @@ def test_fa4_runs_attention_where_it_can_and_the_log_says_which_kernel(fr, monke
 
 
 def test_the_log_names_the_attention_kernel(fr, tmp_path):
-    run = fr.Run(fr.Hyperparameters(), fr.Layout(), None, b"source")
+    val = fr.Validation(torch.tensor([1, 5, 6]), torch.tensor([0, 1, 1]), 0)
+    run = fr.Run(fr.Hyperparameters(data_path=str(tmp_path)), fr.Layout(), val, b"source")
     log = fr.RunLog(tmp_path / "run.txt")
-    log.write_header(run, [])
+    log.write_header(run)
     assert "device:cpu compile:False bf16:False attention:sdpa\n" in (tmp_path / "run.txt").read_text()
 
 
@@ -131,18 +131,17 @@ class Reads:
         return getattr(self.hp, name)
 
 
-def test_the_one_model_setting_checkpoints_py_lacks_is_doc_mask_enabled(fr):
-    """checkpoints.py lists the core's model settings; of the frontier's, the model reads one more, which the
-    build's setup() checks on a resume itself (next test)."""
-    hp = Reads(frontier_all_on(fr))
+def test_doc_mask_enabled_is_of_the_models_config_which_a_resume_compares(fr):
+    """The model reads DOC_MASK_ENABLED from its config (GPTConfig), as every model setting: checkpoints.py
+    compares that config on a resume (next test), and the frontier's model reads nothing else."""
+    assert "doc_mask_enabled" in {f.name for f in dataclasses.fields(fr.GPTConfig)}
+    hp = Reads(frontier_all_on(fr).model_config)
     model = fr.GPT(hp)
     for looping in (False, True):
         model.set_looping(looping)
         x = torch.randint(0, 64, (2, 16))
         model(x, x)
-    read = hp.names & {f.name for f in dataclasses.fields(fr.Hyperparameters)}
-    listed = set(checkpoints.MODEL_SHAPE_SETTINGS) | set(checkpoints.INIT_ONLY_SETTINGS)
-    assert read - listed == {"doc_mask_enabled"}
+    assert hp.names == {f.name for f in dataclasses.fields(fr.GPTConfig)}
 
 
 def test_a_resume_refuses_a_checkpoint_of_the_other_attention(fr, frontier_script, tiny_data, tmp_path):
@@ -150,7 +149,7 @@ def test_a_resume_refuses_a_checkpoint_of_the_other_attention(fr, frontier_scrip
                     CHECKPOINT_DIR=str(tmp_path / "ckpt"), ARTIFACT_DIR=str(tmp_path / "logs"))
     run = fr.setup(env)
     run.model = fr.GPT(run.hp)
-    loader = fr.DistributedTokenLoader(fr.train_pattern(run.hp))
+    loader = fr.DistributedTokenLoader(fr.train_pattern(run.hp.data_path))
     optimizers = fr.build_optimizers(run.model, run.hp, run.layout)
     run.keeper.save(run, optimizers, fr.EMA(run.model, 0.0), loader, fr.LoopState(step=5), 0)
     folder = tmp_path / "ckpt" / "masked" / "step_000005"

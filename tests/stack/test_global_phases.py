@@ -150,7 +150,7 @@ def test_priming_a_global_phase_runs_one_step_and_leaves_the_weights(fr, lora_mo
         shapes.append(tuple(x.shape))
         return run.model(x, y)
     run.trainer = trainer
-    fr.prime(run, ["roundtrip", "ttt"])
+    fr.prime_ttt(run)
     assert shapes == [(2, 16)], "one step on the first of two chunks of 32 tokens"
     assert all(torch.equal(p, q) for p, q in zip(run.model.parameters(), lora_model.parameters()))
     assert all(p.grad is None and p.requires_grad for p in run.model.parameters())
