@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 TRAINER = Path(__file__).with_name("train_gpt.py")
+STACK = Path(__file__).with_name("stack")  # the technique diffs that tools/build_trainer.py builds on the core
+BUILD_COMMAND = "python tools/build_trainer.py --stack frontier --out build/train_gpt.py"
 
 # Names refused with what to use instead: ours before they took the field's (2026-11-25), the field's
 # for two of the baseline's, ours retired (None).
@@ -70,9 +72,19 @@ CHOICES = dict(device=("auto", "cuda", "cpu"), compile=("auto", "0", "1"), bf16=
 BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
+def stack_settings() -> dict:
+    """NAME: the technique of the stack (stack/*.diff) whose diff adds the setting, for a core to point the way."""
+    found = {}
+    for diff in sorted(STACK.glob("*.diff")):
+        for name in re.findall(r"^\+    (\w+): \w+ = ", diff.read_text(encoding="utf-8"), flags=re.M):
+            found[name.upper()] = diff.stem
+    return found
+
+
 def refused_names(environ, names):
     """A line for each variable of environ that looks like a setting but is none of names."""
     refused = []
+    stack = stack_settings()
     for name, value in environ.items():
         # the baseline's TIE_EMBEDDINGS=1 is what the trainer does
         if name in names or (name, value) == ("TIE_EMBEDDINGS", "1"):
@@ -81,6 +93,9 @@ def refused_names(environ, names):
         if name in INSTEAD:
             fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
             refused.append(f"{name}={value}: {fix}")
+        elif name in stack:
+            refused.append(f"{name}={value}: a setting of the stack's {stack[name]} technique, not of the core: "
+                           f"{BUILD_COMMAND} builds the trainer that has it (stack/README.md)")
         elif typo:
             refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
         elif name.startswith(FIELD_LACKS):

@@ -176,8 +176,12 @@ def test_the_best_entrys_command_is_refused_for_what_we_lack_and_only_that():
     assert named == TOP_LACKS, "every name we cannot honour is named at once, and nothing we can"
     message = str(refusal.value)
     assert "GPTQ_CALIBRATION_BATCHES=16: use GPTQ_CALIB_SEQS" in message
-    field = "PHASED_TTT_PREFIX_DOCS=2500: the field's, not here (docs/GPU.md, \"Commands from the field\")"
+    field = "FUSED_CE_ENABLED=1: the field's, not here (docs/GPU.md, \"Commands from the field\")"
     assert field in message
+    # the stack's settings point at the build that has them
+    stack = ("PHASED_TTT_PREFIX_DOCS=2500: a setting of the stack's global-phases technique, not of the core: "
+             "python tools/build_trainer.py --stack frontier --out build/train_gpt.py builds the trainer that has it")
+    assert stack in message
 
 
 def test_the_best_entrys_names_set_what_they_mean():
