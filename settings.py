@@ -17,6 +17,8 @@ import platform
 import re
 import shlex
 import shutil
+import sys
+import time
 import traceback
 from dataclasses import fields
 from pathlib import Path
@@ -420,6 +422,21 @@ def unwritten_artifact(path, needed, error) -> str:
     free = shutil.disk_usage(path.parent).free
     return (f"ARTIFACT_DIR={path.parent}: {error.strerror}: the artifact needs {needed} bytes and {free} are free; "
             "free space there or set ARTIFACT_DIR elsewhere")
+
+
+def progress(items, what, every_s=10.0):
+    """items, with a line on the console (stderr) at most every every_s seconds while they last: what, how many
+    are done, and since when. Rank 0's only: the others would say the same."""
+    if os.environ.get("RANK", "0") != "0":
+        yield from items
+        return
+    items = list(items)
+    start = shown = time.monotonic()
+    for done, item in enumerate(items):
+        if time.monotonic() - shown >= every_s:
+            shown = time.monotonic()
+            print(f"  {what}: {done}/{len(items)} done in {shown - start:.0f} s", file=sys.stderr, flush=True)
+        yield item
 
 
 def setting_names(hp) -> list[str]:

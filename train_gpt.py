@@ -201,6 +201,10 @@ def settings_py(name, *args, alone=None):
         return alone
     return getattr(settings, name)(*args)
 
+def progress(items, what):
+    """items, and on the console a line at most every 10 s while they last (settings.py's)."""
+    return settings_py("progress", items, what, alone=items)
+
 def check(name, *args):
     """settings.py's check `name` of args: what it finds stops the run, before any work."""
     problems = settings_py(name, *args, alone=[])
@@ -537,7 +541,6 @@ class CausalSelfAttention(nn.Module):
             v_hat = F.normalize(v, dim=-1)[:, :, None]  # (B, Hkv, 1, T, hd)
             y = y - (y * v_hat).sum(-1, keepdim=True) * v_hat
             y = y.flatten(1, 2)
-
         if self.attn_gate is not None:
             gate = input_gate(x, self.attn_gate, ATTN_GATE_SCALE).transpose(1, 2)  # (B, H, T)
             y = y * gate[..., None].to(y.dtype)
@@ -618,7 +621,6 @@ class GPT(nn.Module):
         # x_t += lambda * sigmoid(w . x_t[:12]) * x_{t-1}; zero: it starts as a no-op
         self.smear_lambda = optional(config.smear_gate_enabled, torch.zeros(1))
         self.smear_gate = optional(config.smear_gate_enabled, torch.zeros(min(GATE_WINDOW, config.model_dim)))
-
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.num_layers))
         self.parallel_start_layer = config.parallel_start_layer
         # depth recurrence: the order the blocks run in once looping is on (set_looping)
@@ -699,8 +701,7 @@ class GPT(nn.Module):
 # ---- EVALUATION ----
 # Each target scored once: windows side by side, sliding windows, or score-first LoRA TTT on each document.
 def score_sums(losses, scored, num_bytes):
-    """A batch's part of a score, which batches and then ranks add up: the scored targets' loss in nats, their
-    number, and the bytes of their text, in that order (float64)."""
+    """A batch's part of a score (float64; batches, then ranks add up): loss in nats, scored targets, bytes."""
     losses = torch.where(scored, losses.detach().double(), 0.0)
     return torch.stack([losses.sum(), scored.sum(), (num_bytes * scored).sum()])
 
@@ -729,7 +730,7 @@ def score(model, val, layout, seq_len, stride):
     counts = torch.tensor(counts[share] + [0] * pad, device=device)
 
     sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for i in range(0, len(ends), per_batch):
+    for i in progress(range(0, len(ends), per_batch), "scoring: batches"):
         batch = ends[i:i + per_batch]
         windows = torch.stack([val.tokens[end - seq_len:end + 1] for end in batch])  # (B, T + 1)
         num_bytes = torch.stack([val.bytes[end - seq_len + 1:end + 1] for end in batch])
@@ -761,7 +762,7 @@ def lora_ttt(run):
     torch.manual_seed(hp.seed)  # the adapters' A, the same on every rank
     lora = new_adapters(run.model, hp.ttt_lora_rank, hp.ttt_batch_size, layout.device)
     sums = torch.zeros(3, dtype=torch.float64, device=layout.device)
-    for group in groups[layout.rank::layout.world_size]:
+    for group in progress(groups[layout.rank::layout.world_size], "ttt: groups"):
         sums += ttt_group(run.scorer, val, group, lora, hp, layout)
     if layout.distributed:
         dist.all_reduce(sums)
@@ -829,6 +830,7 @@ def ttt_group(scorer, val, spans, lora, hp, layout):
 def prime_ttt(run):
     """Compile TTT's graph before its timer, on random documents of one chunk (the rest: as validation)."""
     hp, layout = run.hp, run.layout
+    run.log("compiling: TTT's graph, on random documents (about as long as the training step's)")
     t0 = time.perf_counter()
     graphs = compiled_graphs()
     docs = torch.randint(2, hp.vocab_size, (hp.ttt_batch_size, hp.ttt_chunk_size))
@@ -883,7 +885,6 @@ LQER_A_BITS = 2
 LQER_B_BITS = 4
 LQER_GROUP = 64
 CALIB_BATCH_SEQS = 8  # GPTQ's calibration: sequences a forward
-
 # Each COMPRESSOR's options, and the first bytes that tell its artifacts (brotli has none: a tag of ours)
 COMPRESSORS = {"zlib": dict(level=9), "brotli": dict(quality=11), "zpaq": dict(level=5, threads=1)}
 BROTLI_TAG = b"BROTLI"
@@ -978,7 +979,7 @@ def quantize_state_dict(state_dict, hp, hessians=None):
     scales = {}
     floats = {}
     dtypes = {}
-    for name, tensor in state_dict.items():
+    for name, tensor in progress(state_dict.items(), "export: tensors"):
         tensor = tensor.detach().cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
         if not tensor.is_floating_point():
@@ -1221,6 +1222,8 @@ def warmup(run, optimizers):
     first = looping_at(0.0, hp)  # the loop phase of the first half of the steps, then the one it switches to
     switched = looping_at(hp.enable_looping_at, hp)
     loader = DistributedTokenLoader(train_pattern(hp.data_path), layout.rank, layout.world_size, layout.device)
+    if layout.use_compile:
+        run.log(f"compiling: the training step, {len({first, switched})} loop phase(s): about 1 to 3 minutes")
     for step in range(hp.warmup_steps):
         model.set_looping(switched if 2 * step >= hp.warmup_steps else first)
         train_step(run.trainer, next_batches(loader, hp, layout), optimizers, 1.0, hp.grad_clip_norm, layout)
@@ -1274,7 +1277,6 @@ def check_finite(diverged, step):
             "/ TIED_EMBED_LR / SCALAR_LR or set GRAD_CLIP_NORM (and resume a checkpoint, if any)", RunError)
 
 def log_step(log, state, loss, hp):
-    """The step line: the first 10 steps, then every TRAIN_LOG_EVERY."""
     if hp.train_log_every <= 0 or (state.step > 10 and state.step % hp.train_log_every):
         return
     elapsed = state.elapsed_ms
@@ -1326,7 +1328,6 @@ def train(run, optimizers, ema, loader):
         if looping != model.looping and not state.ended(hp):  # no phase the model never trained in
             model.set_looping(looping)
             run.log(f"phase: from step:{state.step} depth_recurrence:{'on' if looping else 'off'}")
-
         if keeper and keeper.due(state, int(signum)):
             with state.paused(seen, layout):
                 keeper.save(run, optimizers, ema, loader, state, int(signum))
