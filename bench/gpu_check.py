@@ -14,8 +14,8 @@ below and skips, by name, each part whose estimate would not fit what is left. T
   in alternating order. bench/step_probe.py times a window of whole steps between two device syncs from
   outside each script, reads peak memory, and profiles a few more steps (the device's busy time per step,
   kernel launches, host calls that wait for the device). Our two launches must agree bit for bit.
-- record: the record track's shape (RECORD below) on one GPU from launch to score, on a slice of the
-  validation set: launch to first timed step, warmup and priming, ms/step before and after the loop switch,
+- record: the record track's shape (RECORD below), run by the built frontier trainer (tools/build_trainer.py:
+  the core with the technique stack), on one GPU from launch to score, on a slice of the validation set: launch to first timed step, warmup and priming, ms/step before and after the loop switch,
   tokens/s and MFU beside the field's best entry's, peak memory, each final pass extrapolated to 8 GPUs and
   the full validation set, LoRA TTT's time per group, and the graphs compiled inside the timers (must be 0).
 - tests: the CUDA-only tests (pytest -m cuda), while artifact's run trains beside them (neither is a timing).
@@ -31,6 +31,7 @@ Put the table in MEASUREMENTS.md with the command and the device.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -45,6 +46,9 @@ import torch
 from flops import count_flops_per_token, fineweb_ttt_positions, peak_flops, ttt_positions
 from run_files import ROOT, challenge_export_bytes, reader_module, tg  # puts the repository's root on sys.path
 from data.shards import read_datafile, write_datafile  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools"))
+import build_trainer  # noqa: E402
 
 PARTS = ("parity", "record", "tests", "artifact", "record_warm", "attention", "record_train")
 DEFAULT_PARTS = PARTS[:-1]  # record_train is record's training alone, for a lease too short for record
@@ -70,13 +74,18 @@ RECORD = dict(
     GPTQ=1, GPTQ_CALIB_SEQS=64, COMPRESSOR="zlib", EMA_DECAY=0.9965, OPTIMIZE_DDP=0,
     EVAL_STRIDE=64, TTT_ENABLED=1, TTT_LORA_RANK=80, TTT_CHUNK_SIZE=48, TTT_BETA2=0.99, TTT_WEIGHT_DECAY=0.5,
     SLIDING_WINDOW_ENABLED=0, ITERATIONS=10, ENABLE_LOOPING_AT=0.5, TRAIN_LOG_EVERY=1,
+    # the stack's: the best entry's three global phases over 2,500 documents, attention within documents
+    PHASED_TTT_ENABLED=1, PHASED_TTT_PREFIX_DOCS=2500, PHASED_TTT_NUM_PHASES=3, DOC_MASK_ENABLED=1,
 )
+# the built trainer's folder holds these beside it, as the repository does
+BESIDE = ("settings.py", "checkpoints.py", "tools/__init__.py", "tools/packing.py")
 # The dry run's shapes: the same settings and passes, small enough for seconds on a CPU.
 TINY = dict(
     VOCAB_SIZE=1024, NUM_LAYERS=5, MODEL_DIM=128, NUM_HEADS=4, NUM_KV_HEADS=2, MLP_MULT=2,
     LOOP_START=1, LOOP_END=2, NUM_LOOPS=1, PARALLEL_START_LAYER=3, XSA_LAST_N=5, WARMUP_STEPS=2,
     TRAIN_SEQ_LEN=64, TRAIN_BATCH_TOKENS=2048, GRAD_ACCUM_STEPS=4, GPTQ_CALIB_SEQS=4, ITERATIONS=6,
     TTT_LORA_RANK=4, TTT_CHUNK_SIZE=32, TTT_BATCH_SIZE=4, VAL_BATCH_SIZE=2048, EVAL_STRIDE=16,
+    GLOBAL_TTT_CHUNK_TOKENS=1024,
 )
 # The default shape, shared by parity and artifact; the dry run's is tiny.
 DEFAULT = dict(VAL_LOSS_EVERY=0, MAX_WALLCLOCK_SECONDS=0, SEED=1337)
@@ -120,6 +129,16 @@ class Context:
         self.base = dict(DEVICE="cpu", COMPILE=1, BF16=0) if self.dry else dict(DEVICE="cuda")
         self.device = "cpu (dry run)" if self.dry else torch.cuda.get_device_name(0)
         self.peak = None if self.dry else peak_flops(self.device)
+
+    def frontier(self) -> Path:
+        """The frontier stack built on the core (once), in a folder of its own with BESIDE: its train_gpt.py."""
+        script = self.work / "frontier" / "train_gpt.py"
+        if not script.exists():
+            for name in BESIDE:
+                (script.parent / name).parent.mkdir(parents=True, exist_ok=True)
+                (script.parent / name).write_bytes((ROOT / name).read_bytes())
+            script.write_bytes(build_trainer.build(build_trainer.Tree(ROOT), stack=build_trainer.FRONTIER))
+        return script
 
     def default_env(self, **overrides) -> dict:
         env = dict(DEFAULT, DATA_PATH=self.args.sp1024, TOKENIZER_PATH=self.tok[1024], **overrides)
@@ -182,6 +201,12 @@ def trainer_code(script: Path, dry: bool, probe: bool = False) -> str:
             "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
+def core_settings(env: dict) -> dict:
+    """The core's settings of a launch's environment, by their field names (the stack's left out)."""
+    names = {f.name for f in dataclasses.fields(tg.Hyperparameters)}
+    return {k.lower(): v for k, v in env.items() if k.lower() in names}
+
+
 def ms_per_step(text: str, first: int, last: int) -> float | None:
     times = {int(step): int(ms) for step, _, ms in STEP.findall(text)}
     steps = [s for s in times if first <= s <= last]
@@ -191,7 +216,7 @@ def ms_per_step(text: str, first: int, last: int) -> float | None:
 
 
 def flops_per_token(env: dict, looping: bool) -> float:
-    hp = tg.Hyperparameters(**{k.lower(): v for k, v in env.items() if k.lower() in tg.Hyperparameters.__annotations__})
+    hp = tg.Hyperparameters(**core_settings(env))
     model = tg.GPT(hp)
     model.set_looping(looping and bool(hp.num_loops))
     return count_flops_per_token(model, hp)
@@ -282,7 +307,7 @@ def record_rows(report: Report, ctx: Context, env: dict):
     """on_line for a record run: each row the moment its line comes, so that a timeout loses nothing measured."""
     lines = []
     found = report.data["record"]
-    hp = tg.Hyperparameters(**{k.lower(): v for k, v in env.items() if k.lower() in tg.Hyperparameters.__annotations__})
+    hp = tg.Hyperparameters(**core_settings(env))
 
     def on_line(seconds: float, line: str) -> None:
         lines.append(line)
@@ -332,7 +357,7 @@ def record_train(report: Report, ctx: Context, budget_s: float) -> None:
     probe_out = ctx.work / "record_train.json"  # the window: training steps 2 to 10, which ends the run
     env.update(ITERATIONS=steps, PROBE_OUT=probe_out, PROBE_START=warmup + 1, PROBE_STEPS=steps - 1,
                PROBE_FIRST_TIMED=warmup + 1)
-    text, _ = launch(env, ctx.work / "record", trainer_code(ROOT / "train_gpt.py", ctx.dry, probe=True),
+    text, _ = launch(env, ctx.work / "record", trainer_code(ctx.frontier(), ctx.dry, probe=True),
                      budget_s, on_line=record_rows(report, ctx, env))
     training_rows(report, ctx, env, text)
     peak = json.loads(probe_out.read_text()).get("peak_mib_in_window")
@@ -346,13 +371,13 @@ def record(report: Report, ctx: Context, budget_s: float, warm: bool = False) ->
     env = record_env(ctx, "record")
     if warm:
         env["RUN_ID"] = "record_warm"
-        _, seen = launch(env, ctx.work / "record", trainer_code(ROOT / "train_gpt.py", ctx.dry), budget_s,
+        _, seen = launch(env, ctx.work / "record", trainer_code(ctx.frontier(), ctx.dry), budget_s,
                          until=r"^step:1/")
         first = seconds_to(seen, r"step:1/")
         report.row("record_warm: launch to first timed step, compile cache warm (s)", f"{first:.0f}", "<= 60",
                    record_warm_first_step_s=first)
         return
-    launch(env, ctx.work / "record", trainer_code(ROOT / "train_gpt.py", ctx.dry), budget_s,
+    launch(env, ctx.work / "record", trainer_code(ctx.frontier(), ctx.dry), budget_s,
            on_line=record_rows(report, ctx, env))
 
 
@@ -451,8 +476,7 @@ def attention(report: Report, ctx: Context, budget_s: float) -> None:
 
 
 def attention_ms(layout, seqs: int, seq_len: int, reps: int = 10) -> float:
-    hp = tg.Hyperparameters(**dict({k.lower(): v for k, v in RECORD.items()
-                                    if k.lower() in tg.Hyperparameters.__annotations__}, train_seq_len=seq_len))
+    hp = tg.Hyperparameters(**dict(core_settings(RECORD), train_seq_len=seq_len))
     attn = tg.CausalSelfAttention(hp, layer=hp.num_layers - 1).to(layout.device)
     x = torch.randn(seqs, seq_len, hp.model_dim, device=layout.device, requires_grad=True)
     for rep in range(reps + 2):  # two untimed
