@@ -23,7 +23,6 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
-from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 

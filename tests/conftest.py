@@ -109,13 +109,55 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
-def random_model(hp: tg.Hyperparameters) -> tg.GPT:
+def random_model(hp: tg.Hyperparameters, trainer=tg) -> tg.GPT:
+    """A model of trainer (the core, or a built train_gpt.py) with every weight shaken: zero-initialized
+    projections make a fresh one blind."""
     torch.manual_seed(0)
-    model = tg.GPT(hp)
+    model = trainer.GPT(hp)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
     return model
+
+
+class Reads:
+    """Settings (or a model's config) that remember the names read from them."""
+
+    def __init__(self, hp):
+        self.__dict__.update(hp=hp, names=set())
+
+    def __getattr__(self, name):
+        self.names.add(name)
+        return getattr(self.hp, name)
+
+
+# Six documents (one of a single token) in 201 tokens, each a short pattern repeated: what adapters can learn; the
+# TTT tests score them in chunks of CHUNK
+DOCUMENT_STARTS = [0, 17, 18, 60, 61, 130]
+CHUNK = 5
+
+
+def document_stream(trainer=tg) -> tg.Validation:
+    g = torch.Generator().manual_seed(0)
+    ends = DOCUMENT_STARTS[1:] + [201]
+    parts = [torch.randint(2, 64, (5,), generator=g).repeat(60)[:b - a] for a, b in zip(DOCUMENT_STARTS, ends)]
+    tokens = torch.cat(parts).int()
+    tokens[DOCUMENT_STARTS] = trainer.BOS_ID
+    return trainer.Validation(tokens, torch.randint(0, 4, (201,), dtype=torch.int16, generator=g), VAL_BATCH)
+
+
+class Recorder(torch.nn.Module):
+    """The model, recording each call's per-target losses: one (rows, window) tensor per chunk."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.calls = []
+
+    def forward(self, x, y, reduction="mean", lora=None):
+        losses = self.model(x, y, reduction, lora)
+        self.calls.append(losses.detach().view_as(x).clone())
+        return losses
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 
 import checkpoints
 import train_gpt as tg
-from conftest import ROOT, TRAINING_LEVERS, all_on_hp, as_env, new_keeper, run_trainer, tiny_hp
+from conftest import ROOT, TRAINING_LEVERS, Reads, all_on_hp, as_env, new_keeper, run_trainer, tiny_hp
 
 FINAL_RE = re.compile(r"final_int6_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 TTT_RE = re.compile(r"final_int6_zlib_ttt_exact val_loss:(\S+) val_bpb:(\S+)")
@@ -288,17 +288,6 @@ def test_the_keeper_is_handed_no_module_and_calls_nothing_back(tiny_data, tmp_pa
     handed = {name: value for name, value in vars(keeper).items()
               if inspect.ismodule(value) or inspect.isfunction(value) or inspect.ismethod(value)}
     assert not handed, handed
-
-
-class Reads:
-    """Hyperparameters that remember the settings read from them."""
-
-    def __init__(self, hp):
-        self.__dict__.update(hp=hp, names=set())
-
-    def __getattr__(self, name):
-        self.names.add(name)
-        return getattr(self.hp, name)
 
 
 def test_the_model_reads_exactly_its_config():

@@ -3,7 +3,6 @@ which final passes a run makes, and score-first test-time training (TTT_ENABLED=
 TTT), legal by construction and exact where it must be."""
 
 import copy
-import dataclasses
 import math
 import re
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 import train_gpt as tg
-from conftest import VAL_BATCH, all_on_hp, random_model, run_trainer, tiny_hp
+from conftest import CHUNK, VAL_BATCH, Recorder, all_on_hp, document_stream, random_model, run_trainer, tiny_hp
 
 
 def cpu_layout(**overrides) -> tg.Layout:
@@ -126,34 +125,6 @@ def test_sliding_window_enabled_0_leaves_the_sliding_score_to_ttt(tiny_data, tmp
 
 
 # ---- score-first test-time training: per-document LoRA TTT ----
-
-# Six documents (one of a single token) in 201 tokens, each a short pattern repeated: what adapters can learn
-DOCUMENT_STARTS = [0, 17, 18, 60, 61, 130]
-CHUNK = 5
-
-
-def document_stream() -> tg.Validation:
-    g = torch.Generator().manual_seed(0)
-    ends = DOCUMENT_STARTS[1:] + [201]
-    parts = [torch.randint(2, 64, (5,), generator=g).repeat(60)[:b - a] for a, b in zip(DOCUMENT_STARTS, ends)]
-    tokens = torch.cat(parts).int()
-    tokens[DOCUMENT_STARTS] = tg.BOS_ID
-    return tg.Validation(tokens, torch.randint(0, 4, (201,), dtype=torch.int16, generator=g), VAL_BATCH)
-
-
-class Recorder(torch.nn.Module):
-    """The model, recording each call's per-target losses: one (rows, window) tensor per chunk."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.calls = []
-
-    def forward(self, x, y, reduction="mean", lora=None):
-        losses = self.model(x, y, reduction, lora)
-        self.calls.append(losses.detach().view_as(x).clone())
-        return losses
-
 
 @pytest.fixture(scope="module")
 def lora_model() -> tg.GPT:

@@ -22,7 +22,7 @@ import checkpoints
 import train_gpt as tg
 import settings
 from conftest import EVERY_LEVER, ROOT, as_env, new_keeper, run_trainer
-from data.shards import read_datafile, write_datafile
+from data.shards import write_datafile
 
 FINAL_RE = re.compile(r"final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)")
 

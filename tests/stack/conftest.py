@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import settings
 from conftest import ROOT, TINY_HP, TRAINING_LEVERS, TinyData
@@ -80,13 +79,3 @@ def frontier_hp(fr, **overrides):
 def frontier_all_on(fr, **overrides):
     """Every lever that shapes training on (FRONTIER_LEVERS), on the tiny model."""
     return frontier_hp(fr, **{**FRONTIER_LEVERS, **overrides})
-
-
-def random_model(fr, hp):
-    """A model of the built trainer with every weight shaken (zero-initialized projections make it blind)."""
-    torch.manual_seed(0)
-    model = fr.GPT(hp)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
-    return model

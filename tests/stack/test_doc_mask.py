@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from stack.conftest import built_env, frontier_all_on, random_model
+from conftest import Reads, random_model
+from stack.conftest import built_env, frontier_all_on
 
 
 def bump(idx: torch.Tensor, t: int) -> torch.Tensor:
@@ -30,7 +31,7 @@ def packed_documents(fr, *lengths: int, seed: int = 0) -> list:
 
 @pytest.mark.parametrize("looping", [False, True])
 def test_causal_with_every_technique_on_and_a_second_document(fr, looping):
-    model = random_model(fr, frontier_all_on(fr))
+    model = random_model(frontier_all_on(fr), fr)
     model.set_looping(looping)
     idx = torch.randint(2, 64, (2, 16))
     # a second document from position 4
@@ -45,8 +46,8 @@ def test_causal_with_every_technique_on_and_a_second_document(fr, looping):
 
 @pytest.mark.parametrize("looping", [False, True])
 def test_with_the_mask_a_document_never_sees_the_one_before_it(fr, looping):
-    masked = random_model(fr, frontier_all_on(fr))
-    dense = random_model(fr, frontier_all_on(fr, doc_mask_enabled=False))
+    masked = random_model(frontier_all_on(fr), fr)
+    dense = random_model(frontier_all_on(fr, doc_mask_enabled=False), fr)
     for model in (masked, dense):
         model.set_looping(looping)
     first, other, second = packed_documents(fr, 6, 6, 10)
@@ -61,7 +62,7 @@ def test_with_the_mask_a_document_never_sees_the_one_before_it(fr, looping):
 
 def test_the_masked_path_scores_each_document_as_if_alone(fr):
     """A row of three documents (the first cut, as a training row starts) against each scored alone."""
-    model = random_model(fr, frontier_all_on(fr, train_seq_len=24))
+    model = random_model(frontier_all_on(fr, train_seq_len=24), fr)
     docs = packed_documents(fr, 5, 11, 8, seed=1)
     # text before the row's first BOS is a document too
     docs[0] = docs[0][:, 1:]
@@ -74,7 +75,7 @@ def test_the_masked_path_scores_each_document_as_if_alone(fr):
 
 
 def test_the_masked_model_compiles_as_one_graph_with_the_same_logits(fr):
-    model = random_model(fr, frontier_all_on(fr))
+    model = random_model(frontier_all_on(fr), fr)
     idx = torch.cat(packed_documents(fr, 7, 9), 1).repeat(2, 1)
     compiled = torch.compile(model.logits, fullgraph=True, backend="eager")
     with torch.no_grad():
@@ -118,17 +119,6 @@ def test_the_log_names_the_attention_kernel(fr, tmp_path):
     log = fr.RunLog(tmp_path / "run.txt")
     log.write_header(run)
     assert "device:cpu compile:False bf16:False attention:sdpa\n" in (tmp_path / "run.txt").read_text()
-
-
-class Reads:
-    """Hyperparameters that remember the settings read from them."""
-
-    def __init__(self, hp):
-        self.__dict__.update(hp=hp, names=set())
-
-    def __getattr__(self, name):
-        self.names.add(name)
-        return getattr(self.hp, name)
 
 
 def test_doc_mask_enabled_is_of_the_models_config_which_a_resume_compares(fr):

@@ -10,42 +10,15 @@ import re
 import pytest
 import torch
 
-from stack.conftest import built_env, frontier_all_on, launch, random_model
+from conftest import CHUNK, Recorder, document_stream, random_model
+from stack.conftest import built_env, frontier_all_on, launch
 
-# Six documents (one of a single token) in 201 tokens, each a short pattern repeated: what adapters can learn
-DOCUMENT_STARTS = [0, 17, 18, 60, 61, 130]
-CHUNK = 5
-# validation tokens per batch where a test scores: 3 windows of 16 on each of 8 micro-steps
-VAL_BATCH = 16 * 8 * 3
 PHASED = dict(phased_ttt_enabled=True, phased_ttt_num_phases=1)
-
-
-def document_stream(fr):
-    g = torch.Generator().manual_seed(0)
-    ends = DOCUMENT_STARTS[1:] + [201]
-    parts = [torch.randint(2, 64, (5,), generator=g).repeat(60)[:b - a] for a, b in zip(DOCUMENT_STARTS, ends)]
-    tokens = torch.cat(parts).int()
-    tokens[DOCUMENT_STARTS] = fr.BOS_ID
-    return fr.Validation(tokens, torch.randint(0, 4, (201,), dtype=torch.int16, generator=g), VAL_BATCH)
-
-
-class Recorder(torch.nn.Module):
-    """The model, recording each call's per-target losses: one (rows, window) tensor per chunk."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.calls = []
-
-    def forward(self, x, y, reduction="mean", lora=None):
-        losses = self.model(x, y, reduction, lora)
-        self.calls.append(losses.detach().view_as(x).clone())
-        return losses
 
 
 @pytest.fixture(scope="module")
 def lora_model(fr):
-    return random_model(fr, frontier_all_on(fr, train_seq_len=16))
+    return random_model(frontier_all_on(fr, train_seq_len=16), fr)
 
 
 def lora_run(fr, model, val=None, layout=None, **settings):
