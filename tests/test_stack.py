@@ -133,19 +133,23 @@ def test_a_listed_subset_builds_in_the_manifests_order(tmp_path, capsys, frontie
 
 
 def test_a_stack_that_does_not_apply_is_refused_naming_the_diff_and_hunk_and_writes_nothing(tmp_path, capsys):
-    """The core changed under the last diff: a context line of one of its hunks, which no earlier diff touches."""
+    """The core changed under a later diff: a context line of one of its hunks, which no earlier diff touches."""
     root = tmp_path / "tree"
     shutil.copytree(ROOT / "stack", root / "stack")
     core = (ROOT / "train_gpt.py").read_text()
-    last = bt.read_diff(bt.Tree(), NAMES[-1])
-    earlier = b"".join(bt.read_diff(bt.Tree(), name) for name in NAMES[:-1]).decode()
-    hunk = next(h for h in hunks(last) if h[1].startswith(" ") and h[1][1:] not in earlier and h[1][1:] in core)
+
+    def untouched_hunk(i):
+        earlier = b"".join(bt.read_diff(bt.Tree(), name) for name in NAMES[:i]).decode()
+        return next((h for h in hunks(bt.read_diff(bt.Tree(), NAMES[i])) if h[1].startswith(" ")
+                     and h[1][1:] not in earlier and core.count(h[1][1:] + "\n") == 1), None)
+    i = next(i for i in reversed(range(1, len(NAMES))) if untouched_hunk(i))
+    hunk = untouched_hunk(i)
     context = hunk[1][1:]
     (root / "train_gpt.py").write_text(core.replace(context + "\n", context + "  # changed\n", 1))
     out = tmp_path / "build" / "train_gpt.py"
     code, said, err = cli(["--out", out], root, capsys)
     assert code == 1 and said == ""
-    assert f"stack/{NAMES[-1]}.diff does not apply to train_gpt.py with {', '.join(NAMES[:-1])} on it" in err
+    assert f"stack/{NAMES[i]}.diff does not apply to train_gpt.py with {', '.join(NAMES[:i])} on it" in err
     assert hunk[0] in err and context in err, "the hunk: its @@ line and its first lines"
     assert "python tools/build_trainer.py --rebase" in err
     assert not out.parent.exists(), "nothing written"
