@@ -56,6 +56,9 @@ def test_a_group_takes_the_chunk_of_its_longest_document_with_its_bos(fr):
     assert [one.ttt_chunk(n) for n in (2000, 2001)] == [24, 48]
     assert frontier_all_on(fr, ttt_short_score_first_enabled=True).ttt_chunk(10) == 48
     assert frontier_all_on(fr, ttt_short_score_first_steps="256:8").ttt_chunk(10) == 48, "off unless enabled"
+    # a limit given twice: its first step wins, as the field's stable sort by limit has it
+    twice = frontier_all_on(fr, ttt_short_score_first_enabled=True, ttt_short_score_first_steps="100:6,100:4,50:2")
+    assert [twice.ttt_chunk(n) for n in (50, 51, 100)] == [2, 6, 6]
 
 
 def test_each_group_is_scored_in_its_chunks_and_every_target_once_with_its_bytes(fr, lora_model):

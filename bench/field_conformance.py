@@ -1,0 +1,192 @@
+"""Two of the stack's TTT techniques against the field's own code: which projections per-document LoRA TTT adapts
+(stack/ttt-targets.diff) and a group's chunk by its longest document (stack/short-doc-chunks.diff).
+
+    python bench/field_conformance.py --field path/to/pr2014 --field path/to/pr2135
+
+--field names a record folder of openai/parameter-golf (its train_gpt.py; the field's code is not in this
+repository). Its file is not imported (it needs Triton and FlashAttention-3): the parts compared are read out of
+it by name and run alone on CPU, each with its own settings class made from the same environment as ours.
+
+Targets: for every TTT_MASK the field accepts, and every TTT_Q/K/V/O/MLP_LORA the file reads unset, 0 or 1, the
+field's BatchedTTTLoRA built on a stand-in model (the switches passed as its run passes them) lists its adapters;
+the built frontier's Hyperparameters.lora_targets, with the tied head, must list the same. The one difference the
+diff's header names (an explicit switch of 1 against a mask that leaves it out: the field's switch wins, our mask
+does) is counted apart. Chunks: for each setting combination below, the field's _score_first_chunk_for_doc and our
+Hyperparameters.ttt_chunk must give the same chunk for every longest document of 1 to 4,096 tokens with its BOS.
+Exit status 1 on any other difference.
+"""
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import itertools
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_trainer  # noqa: E402
+
+PROJECTIONS = dict(q="q", k="k", v="v", o="attn_out", mlp="mlp_out")  # the field's switch name: our target
+LONGEST = range(1, 4097)
+CHUNK_SETTINGS = dict(  # each combination of these is one comparison over LONGEST
+    TTT_SHORT_SCORE_FIRST_ENABLED=["0", "1"],
+    TTT_SHORT_SCORE_FIRST_STEPS=["", "256:8,2000:24", "2000:24, 256:8", "256=8", "100:6,100:4"],
+    TTT_SHORT_DOC_LEN=["512", "2000"],
+    TTT_SHORT_CHUNK_SIZE=[None, "0", "24", "64"],
+    TTT_CHUNK_SIZE=["48", "32"],
+)
+
+
+def frontier():
+    """The built frontier (tools/build_trainer.py) imported from a temporary folder: no settings.py beside it."""
+    script = Path(tempfile.mkdtemp(prefix="field_conformance_")) / "train_gpt.py"
+    script.write_bytes(build_trainer.build(build_trainer.Tree(ROOT)))
+    spec = importlib.util.spec_from_file_location("train_gpt_frontier", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Field:
+    """The parts of a field train_gpt.py this bench runs, found by name in its syntax tree."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "train_gpt.py" if folder.is_dir() else folder
+        if not self.path.is_file():
+            sys.exit(f"--field {folder}: no train_gpt.py there; name a record folder of openai/parameter-golf")
+        self.text = self.path.read_text()
+        tree = ast.parse(self.text)
+        self.nodes, self.code = {}, {}  # each class and function (nested ones too) by name; compiled, once used
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                self.nodes.setdefault(node.name, node)
+        self.imported = {}  # what the top-level imports bind, of the modules this machine has (not Triton, FA3)
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                try:
+                    exec(compile(ast.Module([node], []), str(self.path), "exec"), self.imported)
+                except ImportError:
+                    pass
+
+    def has(self, *names):
+        return all(name in self.nodes for name in names)
+
+    def define(self, namespace: dict, *names) -> dict:
+        """Run the definitions of these names in namespace, over the file's imports."""
+        namespace = self.imported | namespace
+        for name in names:
+            if name not in self.code:  # its source alone, dedented
+                source = inspect.cleandoc("\n" + ast.get_source_segment(self.text, self.nodes[name], padded=True))
+                self.code[name] = compile(source, str(self.path), "exec")
+            exec(self.code[name], namespace)
+        return namespace
+
+    def settings(self, environ: dict):
+        """The field's Hyperparameters as this environment makes them (its class body reads os.environ)."""
+        fake_os = ModuleType("os")
+        fake_os.__dict__.update(vars(os), environ=environ)
+        return self.define(dict(os=fake_os), "Hyperparameters")["Hyperparameters"]()
+
+
+def ours(module, environ):
+    """Our Hyperparameters from this environment, or the refusal's text."""
+    try:
+        return module.Hyperparameters.from_env(environ)
+    except module.STOPS + (ValueError,) as error:
+        return f"refused: {error}"
+
+
+def field_adapters(field: Field, h) -> set:
+    """The adapters the field's BatchedTTTLoRA makes with these settings, on a stand-in model of two layers."""
+    namespace = field.define({}, "BatchedLinearLoRA", "BatchedTTTLoRA")
+    cls = namespace["BatchedTTTLoRA"]
+    attn = SimpleNamespace(num_heads=4, num_kv_heads=2)
+    model = SimpleNamespace(qo_bank=torch.zeros(2, 16, 16), tok_emb=nn.Embedding(32, 16),
+                            blocks=[SimpleNamespace(attn=attn)] * 2, looping_active=False)
+    switches = [p.removesuffix("_lora") for p in inspect.signature(cls).parameters if p.endswith("_lora")]
+    for switch in switches:  # the run passes each switch from its setting
+        assert f"{switch}_lora=h.ttt_{switch}_lora" in field.text, (field.path, switch)
+    lora = cls(2, model, 4, **{f"{s}_lora": getattr(h, f"ttt_{s}_lora") for s in switches})
+    return {name.removesuffix("_loras").removesuffix("_lora") for name, child in lora.named_children()}
+
+
+def compare_targets(field: Field, module) -> int:
+    masks = ["", "all", "baseline_all", "no_q", "no_v", "no_qv"] if "TTT_MASK" in field.text else [""]
+    switches = [s for s in PROJECTIONS if f'"TTT_{s.upper()}_LORA"' in field.text]
+    same = known = wrong = 0
+    for mask, values in itertools.product(masks, itertools.product([None, "0", "1"], repeat=len(switches))):
+        environ = {f"TTT_{s.upper()}_LORA": v for s, v in zip(switches, values) if v is not None}
+        environ |= {"TTT_MASK": mask} if mask else {}
+        theirs = field_adapters(field, field.settings(environ))
+        hp = ours(module, environ)
+        mine = {"lm_head"} | {field_name for field_name, name in PROJECTIONS.items() if name in hp.lora_targets}
+        if theirs == mine:
+            same += 1
+        elif all(environ.get(f"TTT_{s.upper()}_LORA") == "1" for s in theirs - mine) and not mine - theirs:
+            known += 1  # an explicit 1 the mask overrides here (the diff's header says so)
+        else:
+            wrong += 1
+            if wrong <= 5:
+                print(f"  differs: {environ}: field {sorted(theirs)}, ours {sorted(mine)}")
+    print(f"targets ({field.path}): {same} settings alike, {known} the named difference (an explicit 1 under a "
+          f"mask), {wrong} other differences; switches read: {switches}, masks: {masks}")
+    return wrong
+
+
+def field_chunks(field: Field, h):
+    """The field's _score_first_chunk_for_doc with these settings, as its TTT loop defines it."""
+    namespace = field.define(dict(h=h, chunk_size=h.ttt_chunk_size), "_parse_short_score_first_steps")
+    namespace["short_score_steps"] = namespace["_parse_short_score_first_steps"](h.ttt_short_score_first_steps)
+    return field.define(namespace, "_score_first_chunk_for_doc")["_score_first_chunk_for_doc"]
+
+
+def compare_chunks(field: Field, module) -> int:
+    names = list(CHUNK_SETTINGS)
+    same = wrong = 0
+    for values in itertools.product(*CHUNK_SETTINGS.values()):
+        environ = {name: v for name, v in zip(names, values) if v is not None}
+        chunk_for = field_chunks(field, field.settings(environ))
+        hp = ours(module, environ)
+        theirs = [chunk_for(n) for n in LONGEST]
+        mine = [hp.ttt_chunk(n) for n in LONGEST] if not isinstance(hp, str) else hp
+        if theirs == mine:
+            same += 1
+            continue
+        wrong += 1
+        if isinstance(mine, str):
+            print(f"  differs: {environ}: the field runs, ours is {mine}")
+            continue
+        first = next(n for n in LONGEST if theirs[n - 1] != mine[n - 1])
+        print(f"  differs: {environ}: longest {first}: field {theirs[first - 1]}, ours {mine[first - 1]}")
+    print(f"chunks ({field.path}): {same} of {same + wrong} setting combinations give the field's chunk for every "
+          f"longest document of {LONGEST.start} to {LONGEST.stop - 1} tokens")
+    return wrong
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--field", type=Path, action="append", required=True,
+                        help="a record folder of openai/parameter-golf (or its train_gpt.py); repeat for several")
+    args = parser.parse_args(argv)
+    module = frontier()
+    wrong = 0
+    for folder in args.field:
+        field = Field(folder)
+        if field.has("BatchedTTTLoRA", "BatchedLinearLoRA", "Hyperparameters"):
+            wrong += compare_targets(field, module)
+        if field.has("_score_first_chunk_for_doc", "_parse_short_score_first_steps"):
+            wrong += compare_chunks(field, module)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
