@@ -4,7 +4,7 @@ import re
 
 from conftest import ROOT
 from data.shards import read_datafile, write_datafile
-from stack.conftest import built_env, launch
+from stack.conftest import build_trainer, built_env, launch
 
 
 def record_track_settings() -> dict:
@@ -49,4 +49,5 @@ def test_the_documented_record_track_command_starts_on_the_fields_caseops_layout
     assert val_bytes == counts[1:val_tokens + 1].sum(), "scored by the sidecar's bytes"
     assert re.search(r"^final_int6_zpaq_ttt_exact val_loss:\S+ val_bpb:\S+$", stdout, re.M)
     assert "(packed from" in stdout and "gptq: matrices:" in stdout
-    assert re.search(r"^build: stack:frontier techniques:global-phases,doc-mask,\S* core:", stdout, re.M)
+    frontier = ",".join(build_trainer.load_manifest(build_trainer.Tree(ROOT)).stacks["frontier"])
+    assert re.search(rf"^build: stack:frontier techniques:{frontier} core:", stdout, re.M)
