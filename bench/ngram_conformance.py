@@ -2,7 +2,7 @@
 build time. The field's code (#2135's online_ngram_state.c and online_ngram_tilt.py) is not in this repository:
 --field names a folder that holds it; its C helper is built there (gcc) if it is missing or older than its source.
 
-    python bench/ngram_conformance.py --field /work/field/ref/pr2135
+    python bench/ngram_conformance.py --field path/to/pr2135      # a copy of PR #2135's record folder
     python bench/ngram_conformance.py --time-tokens 47851520                   # our hints alone, timed
     python bench/ngram_conformance.py --time-tokens 47851520 --field DIR       # and the field's walk beside them
 
