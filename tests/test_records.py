@@ -319,6 +319,9 @@ def test_real_run_makes_a_record_that_passes(tiny_record, tiny_runs):
     assert check_record.check_folder(tiny_record) == []
     script = (tiny_record / "train_gpt.py").read_bytes()
     logged = runlog.parse_log(tiny_runs[0]).source
+    shown = re.search(r"^val_tokens:(\d+) val_bytes:\d+ train_shards:(\d+)$", tiny_runs[0].read_text(), re.M)
+    assert runlog.parse_log(tiny_runs[0]).fingerprints == dict(zip(("val_tokens", "train_shards"),
+                                                                  map(int, shown.groups())))
     # the packed file the runs counted (PACK_CODE=1), decoded here by hand: the logged program, docstrings aside
     size, packed_from = map(int, re.search(r"^Code size: (\d+) bytes \(packed from (\d+): PACK_CODE=1\)$",
                                            tiny_runs[0].read_text(), re.M).groups())

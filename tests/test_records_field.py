@@ -425,3 +425,49 @@ def test_compare_a_folder_of_known_tokenizer_with_bare_values_per_token(tmp_path
     out = capsys.readouterr().out
     assert out.startswith("unit: nats per token (val_loss); a side's tokenizer is unknown")
     assert "one-sided p = 0.002618" in out
+
+
+RESERVED = "fineweb10B_sp8192_lossless_caps_caseops_v1_reserved"  # tracks.json: 80 shards, 47,853,344 tokens
+
+
+def fingerprinted_folder(tmp_path: Path, shards=80, targets=47853343, tilt=None) -> Path:
+    """#2135's shape: the reserved dataset, its fingerprint lines, and (tilt: the hints line's gates) the tilt on."""
+    folder = challenge_folder(tmp_path, "2026-04-27_Tilt", CASEOPS_1_0655, "phased.txt")
+    edit_logs(folder, "datasets/fineweb10B_sp8192_caseops", f"datasets/{RESERVED}")
+    lines = f"1776000000.400 train_shards: {shards}\n1776000000.400 val_tokens: {targets}\n"
+    if tilt is not None:
+        edit_logs(folder, "  seed:", "  ngram_tilt_enabled: True\n1776000000.200   seed:")
+        lines += f"1776000700.500 ngram_tilt:hints {tilt}\n" if tilt else ""
+    edit_logs(folder, "1776000010.000 4500/", lines + "1776000010.000 4500/")
+    return folder
+
+
+def test_check_reads_the_audits_fingerprints(tmp_path):
+    """The whole split, or cut at #2135's 2560, with 80 shards and the token channel alone passes; a train split
+    that took validation documents, a cut validation split, a word channel's gates or too few hints do not."""
+    gates = "total={} gated=628130 token_gate=628130 within_gate=0 word_gate=0 agree2plus=0"
+    assert check(fingerprinted_folder(tmp_path / "whole")) == ([], [])
+    cut = 47853343 // 2560 * 2560
+    edit_logs(tilted := fingerprinted_folder(tmp_path / "cut", targets=cut, tilt=gates.format(cut)),
+              "  seed:", "  eval_seq_len: 2560\n1776000000.200   seed:")
+    assert check(tilted) == ([], [])
+
+    violations, _ = check(fingerprinted_folder(tmp_path / "shards", shards=1499, targets=40000000))
+    assert len(violations) == 6, violations  # 2 each of the 3 logs
+    assert any("train_shards 1499, but fineweb10B_sp8192_lossless_caps_caseops_v1_reserved has 80" in v
+               for v in violations)
+    assert any("val_tokens 40000000, but" in v and "47,853,343 targets" in v for v in violations)
+
+    word = gates.format(47853343).replace("word_gate=0", "word_gate=12")
+    violations, _ = check(fingerprinted_folder(tmp_path / "word", tilt=word))
+    assert len(violations) == 3 and all("ngram_tilt word_gate=12: that channel reads the scored token" in v
+                                        for v in violations), violations
+    violations, _ = check(fingerprinted_folder(tmp_path / "short", tilt=gates.format(1000)))
+    assert all("total=1000 hints for val_tokens 47853343" in v for v in violations) and len(violations) == 3
+    # April's: fewer shards (1.0614's seed 42 trained on 39), a tilt that logged no gates: unchecked, not wrong
+    violations, warnings = check(fingerprinted_folder(tmp_path / "april", shards=39, tilt=""))
+    assert violations == [] and len(warnings) == 6, warnings  # 2 each of the 3 logs
+    assert sum("trained on 39 of fineweb10B_sp8192_lossless_caps_caseops_v1_reserved's 80 shards" in w
+               for w in warnings) == 3
+    assert sum("no `ngram_tilt:hints` line: its gate counts, which the audit reads, cannot be checked" in w
+               for w in warnings) == 3

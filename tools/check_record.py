@@ -15,7 +15,7 @@ train_gpt.py, which is the source embedded in each log, byte for byte, or (PACK_
 source's packing: re-packed with the logged script's own pack_source it gives the same bytes,
 and the program it unpacks to is the logged source's, docstrings aside (AST dumps compared);
 bytes_total and every run fit the track's artifact cap; every run trained and evaluated
-within the track's limits and its budget (tracks.json); copied model files match the sha256
+within the track's limits and its budget (tracks.json), with the audit's fingerprints (below); copied model files match the sha256
 their logs recorded; requirements.txt, when present, lists what the run imports. The logged
 source is what its log's `build:` line names: a core that this repository's history holds
 (or the working tree's own; a log from before that line is taken as a core, and a core
@@ -33,12 +33,16 @@ submission.json that is not JSON or has no author, github_id or val_bpb (the cha
 "your name, GitHub ID, val_bpb"); a log whose artifact is over 16,000,000 bytes, whose training
 ran over the track's limit (plus 1 s for the last step) or whose evaluation took over 600 s; a
 log that counted its code as the script itself (`Code size: N bytes`) and N is not the size of
-the folder's train_gpt.py: the folder's script is not the one that ran. Warnings: naming
+the folder's train_gpt.py: the folder's script is not the one that ran; on a dataset the track
+fingerprints (tracks.json), the audit's fingerprints (the challenge's PR #2146): no more training
+shards than the dataset has, the whole validation split (cut at the scoring length) scored, and a run with the n-gram
+tilt logging gate counts has none from a channel that reads the scored token. Warnings: naming
 differences (submission_x.json, a script not named train_gpt.py, mean_val_bpb for val_bpb, a
 track spelled otherwise, a date that is no date; an ISO timestamp is one), fewer than 3 seeds
 on the record track, seeds claimed without a log, submission.json values that disagree with
 the logs (each claim within one unit of its last digit; the top-level ones as the mean of the
-seeds or one seed's), and a log that counted a compressed copy of its code
+seeds or one seed's), fewer training shards than the fingerprinted dataset has, a tilt that logs no
+gate counts, and a log that counted a compressed copy of its code
 (`Code size (compressed)`) while its source (`Code size (uncompressed)`) is not the size of
 train_gpt.py: the compressed size cannot be recomputed here, so the folder's script was edited
 after the runs, but whether that moved the artifact over the cap is unknown.
@@ -292,7 +296,8 @@ def budget_problems(run, track_name: str, track: dict) -> list[str]:
                         f"{track['train_batch_tokens']}")
     if "datasets" in track:
         problems += dataset_problems(run, track_name, track["datasets"])
-    return problems
+    notes = []  # ours: every finding is a violation
+    return problems + fingerprint_problems(run, track_name, track, notes) + notes
 
 
 def step_problems(run, track_name: str, cap_steps: int) -> list[str]:
@@ -335,6 +340,57 @@ def dataset_problems(run, track_name: str, datasets: dict) -> list[str]:
         return [f"{run.path.name}: TOKENIZER_PATH={tokenizer_path!r} does not go with "
                 f"{dataset}; use {datasets[dataset]}"]
     return []
+
+
+def fingerprint_problems(run, track_name: str, track: dict, warnings: list) -> list[str]:
+    """The audit's fingerprints (the challenge's PR #2146), on a dataset the track knows (by its folder's name, or
+    its validation targets): no more training shards than it has (a train split that took validation documents has
+    more; fewer is a warning), the validation targets whole or cut at the scoring length, and the n-gram tilt's
+    gates from its token channel alone."""
+    name = run.path.name
+    found = run.fingerprints
+    data = Path(str(run.setting("data_path") or run.setting("datasets_dir") or "")).name
+    length = run.setting("eval_seq_len") or run.setting("train_seq_len")
+    for dataset, known in track.get("fingerprints", {}).items():
+        targets = known["val_stream_tokens"] - 1
+        whole_or_cut = {targets} | ({targets // length * length} if isinstance(length, int) and length > 0 else set())
+        if data != dataset and found.get("val_tokens") not in whole_or_cut:
+            continue
+        problems = []
+        shards = found.get("train_shards")
+        if shards is None or shards > known["train_shards"]:
+            problems.append(f"{name}: train_shards {shards or 'not logged'}, but {dataset} has "
+                            f"{known['train_shards']}: the audit rejects a train split holding validation documents "
+                            f"(rebuild the data with the challenge's validation split)")
+        elif shards < known["train_shards"]:
+            warnings.append(f"{name}: trained on {shards} of {dataset}'s {known['train_shards']} shards; the audit's "
+                            f"logs show all of them")
+        if found.get("val_tokens") not in whole_or_cut:
+            problems.append(f"{name}: val_tokens {found.get('val_tokens', 'not logged')}, but {dataset}'s "
+                            f"validation has {targets:,} targets, or {min(whole_or_cut):,} cut at {length}: "
+                            f"score the whole validation split")
+        return problems + ngram_problems(run, warnings)
+    return ngram_problems(run, warnings)
+
+
+def ngram_problems(run, warnings: list) -> list[str]:
+    """A run with the n-gram tilt logs its gates: every target hinted, none from the channels that read the
+    scored token (within_gate, word_gate). A log without that line (April's) is a warning: it cannot be checked."""
+    if str(run.setting("ngram_tilt_enabled", False)).lower() not in ("1", "true"):
+        return []
+    gates = run.ngram_gates
+    if gates is None:
+        warnings.append(f"{run.path.name}: NGRAM_TILT_ENABLED=1 but no `ngram_tilt:hints` line: its gate counts, "
+                        f"which the audit reads, cannot be checked")
+        return []
+    problems = [f"{run.path.name}: ngram_tilt {key}={gates[key]}: that channel reads the scored token, which the "
+                f"rules forbid; run the token channel alone (WITHIN_TAU=99 WORD_TAU=99)"
+                for key in ("within_gate", "word_gate") if gates.get(key, 0) != 0]
+    targets = run.fingerprints.get("val_tokens")
+    if targets is not None and gates.get("total") != targets:
+        problems.append(f"{run.path.name}: ngram_tilt total={gates.get('total')} hints for val_tokens {targets}: "
+                        f"the hints must cover the targets scored")
+    return problems
 
 
 def check_eval_total(run) -> list[str]:
@@ -937,6 +993,7 @@ def challenge_run(run, track_name: str, track: dict, script: Path | None,
                           f"the {track_name} cap of {cap:,} bytes by "
                           f"{run.total_bytes - cap:,}")
     violations += challenge_times(run, track_name, track, warnings)
+    violations += fingerprint_problems(run, track_name, track, warnings)
     if script is not None:
         violations += challenge_code(run, script, warnings)
     return violations

@@ -186,6 +186,8 @@ class RunLog:
     total_eval_ms: float | None = None  # the field's total_eval_time
     errors: list = field(default_factory=list)  # "rank <r>: <message>" + traceback
     build: str | None = None  # `build: core` or a stack's build (tools/build_trainer.py); None: logged before
+    fingerprints: dict = field(default_factory=dict)  # the audit's: train_shards, val_tokens (as logged)
+    ngram_gates: dict | None = None  # the n-gram tilt's `ngram_tilt:hints total=N gated=G ... word_gate=0`
 
     @property
     def ours(self) -> bool:
@@ -489,6 +491,15 @@ def on_gptq(run: RunLog, m: re.Match) -> None:
     run.calibration = parse_fields(m["fields"])
 
 
+def on_fingerprints(run: RunLog, m: re.Match) -> None:
+    run.fingerprints.update({key: int(value) for key, value in FIELD.findall(m["text"])
+                             if key in ("train_shards", "val_tokens")})
+
+
+def on_ngram_gates(run: RunLog, m: re.Match) -> None:
+    run.ngram_gates = {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", m["pairs"])}
+
+
 SCORE_FIELDS = r"(?P<fields>.*\bval_loss:.*)"
 
 # (format, what it sets): a line is read by the first format that matches all of it.
@@ -528,6 +539,10 @@ LINE_FORMATS = [
     (r"command:(?P<text>.*)", on_command),
     (r"(?P<text>world_size:\d+ .*)", on_layout),
     (r"gptq: (?P<fields>.*)", on_gptq),
+    # the audit's fingerprints: ours on one line, the field's a line each
+    (r"(?P<text>val_tokens:\d+ (?:val_bytes:\d+ )?train_shards:\d+)", on_fingerprints),
+    (r"(?P<text>(?:train_shards|val_tokens): \d+)", on_fingerprints),
+    (r"ngram_tilt:hints (?P<pairs>(?:\w+=\d+ ?)+)", on_ngram_gates),
 ]
 COMPILED_FORMATS = [(re.compile(text), handler) for text, handler in LINE_FORMATS]
 # April's logs list their settings under `Hyperparameters:`, one `  name: value` a line
