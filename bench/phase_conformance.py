@@ -10,12 +10,13 @@ and on its log. The built frontier's lora_ttt runs on the same stream with a spy
   them), and its prefix counter (the log's pd:);
 - the documents the phase trains on, in their order, and its token stream (the BOS at each junction);
 - the SGD's chunks, rows and untrained rest, and the LR of each chunk (the field's log, ours from train_step);
-- the parameter updates of the two SGDs on one model (the frontier's, DOC_MASK_ENABLED=1) from the field's
-  stream: the field's function, its rows end to end cut at BOS and every EVAL_SEQ_LEN from a document's start
-  (each cu_seqlens segment run as a row of its own), and ours; max |difference| and max |update|, with chunks of
-  GLOBAL_TTT_CHUNK_TOKENS and with chunks of one row, where the two cut attention at the same places.
-Documents are numbered in the split's order. Exit status 1 if the boundary, the documents, their order or the
-stream differ, or the one-row chunks' updates differ by more than float rounding (1e-5 of the largest update).
+- the parameter updates of the two SGDs on one model (the frontier's) from the field's stream: the field's
+  function (each cu_seqlens segment of its rows end to end run as a row of its own, what varlen attention
+  computes) and ours; max |difference| and max |update|, with GLOBAL_TTT_RESPECT_DOC_BOUNDARIES 1 (the field's
+  runs) and 0 (its rows, dense: our model without DOC_MASK_ENABLED).
+Documents are numbered in the split's order. Exit status 1 if the groups scored before the phase, the documents
+trained, their order or the stream differ, an LR differs, or the updates differ by more than float rounding (1e-5
+of the largest update).
 """
 
 import argparse
@@ -136,6 +137,9 @@ class Segments(torch.nn.Module):
         self.seen = []
 
     def forward(self, x, y, cu_seqlens=None, max_seqlen=0):
+        if cu_seqlens is None:  # GLOBAL_TTT_RESPECT_DOC_BOUNDARIES=0: its rows, dense
+            self.seen.append((x.numel(), list(range(0, x.numel() + 1, x.size(1)))))
+            return self.model(x, y)
         bounds = sorted(set(cu_seqlens.tolist()))
         self.seen.append((x.numel(), bounds))
         losses = [self.model(x[:, a:b], y[:, a:b], reduction="none") for a, b in zip(bounds, bounds[1:])]
@@ -173,10 +177,11 @@ def field_run(field, tokens, starts):
         field.eval_val_ttt_phased(h, model, torch.device("cpu"), val, lambda x, y, lora: model.forward_ttt(
             x, y, lora=lora))
     finally:
+        field.train_val_ttt_global_sgd_distributed, field._claim_next_batch = sgd, claim
         for path in glob.glob(f"/tmp/ttt_*_{h.run_id}"):  # the field's counters
             os.remove(path)
     batches = field._build_ttt_global_batches(field._select_ttt_doc_entries(field._find_docs(tokens), h), h)
-    scored = [starts.index(start) for i in seen["claimed"] if i < len(batches) for _, (start, _) in batches[i][1]]
+    scored = [[starts.index(start) for _, (start, _) in batches[i][1]] for i in seen["claimed"] if i < len(batches)]
     pd = re.search(r"ttpp: phase:1/1 pd:(\d+) gd:(\d+)", "\n".join(lines))
     return h, seen["tokens"], scored, (int(pd[1]), int(pd[2])), lines
 
@@ -198,15 +203,16 @@ def ours_run(fr, tokens, starts):
         fr.global_ttt = real
     groups, phases = fr.global_phases(fr.document_spans(val.tokens), hp, 1)
     end = phases[0][0]
-    scored = [starts.index(a - 1) for group in groups[:end] for a, _ in group]
+    scored = [[starts.index(a - 1) for a, _ in group] for group in groups[:end]]
     trained = [starts.index(a - 1) for a, _ in phases[0][1]]
     return streams[0].long(), scored, trained
 
 
-def updates(fr, field, h, tokens, chunk):
-    """(ours, the field's) parameter updates of one SGD from one model (the frontier's, doc-masked) on tokens; the
-    LR of each chunk, the rows each step saw, the field's segments."""
-    hp = fr.Hyperparameters(**{**OURS, "global_ttt_chunk_tokens": chunk})
+def updates(fr, field, h, tokens, respect):
+    """(ours, the field's) parameter updates of one SGD from one model (the frontier's) on tokens, contexts by
+    documents (respect) or by rows (then without DOC_MASK_ENABLED, as the field's dense rows); the LR of each
+    chunk (ours from train_step, the field's from its log), our rows per step, the field's steps' segments."""
+    hp = fr.Hyperparameters(**{**OURS, "global_ttt_respect_doc_boundaries": respect, "doc_mask_enabled": respect})
     torch.manual_seed(0)
     model = fr.GPT(hp)
     with torch.no_grad():
@@ -215,7 +221,7 @@ def updates(fr, field, h, tokens, chunk):
     ours, theirs = copy.deepcopy(model), Segments(copy.deepcopy(model))
     run = fr.Run(hp, fr.Layout(), None, b"")
     run.model = run.trainer = ours
-    lrs, rows = [], []
+    lrs, rows, lines = [], [], []
     step = fr.train_step
 
     def spy_step(trainer, batches, optimizers, lr_scale, grad_clip, layout):
@@ -227,12 +233,14 @@ def updates(fr, field, h, tokens, chunk):
         fr.global_ttt(run, tokens)
     finally:
         fr.train_step = step
-    h.global_ttt_chunk_tokens = chunk
+    h.global_ttt_respect_doc_boundaries = respect
+    field.log = lambda message, *args, **kwargs: lines.append(str(message))
     field.train_val_ttt_global_sgd_distributed(h, torch.device("cpu"), None, theirs, tokens)
+    field_lrs = [float(m[1]) for m in re.finditer(r"tttg: c\d+/\d+ lr:(\S+)", "\n".join(lines))]
     base = dict(model.named_parameters())
     delta_ours = {n: p.detach() - base[n].detach() for n, p in ours.named_parameters()}
     delta_field = {n: p.detach() - base[n].detach() for n, p in theirs.model.named_parameters()}
-    return delta_ours, delta_field, lrs, rows, theirs.seen
+    return delta_ours, delta_field, lrs, field_lrs, rows, theirs.seen
 
 
 def main() -> int:
@@ -249,10 +257,10 @@ def main() -> int:
     our_tokens, our_scored, our_trained = ours_run(fr, tokens, starts)
     junctions = [(t == 1).nonzero().flatten().tolist() for t in (field_tokens, our_tokens)]
     field_trained = documents_of(field_tokens, tokens, starts)
-    print(f"boundary, field: pd:{pd} gd:{gd}; documents scored before the phase, in scoring order: {field_scored}")
-    print(f"boundary, ours:  {len(our_scored)} documents; in scoring order: {our_scored}")
-    print(f"same documents before the phase: {sorted(field_scored) == sorted(our_scored)}; "
-          f"in the same order: {field_scored == our_scored}")
+    print(f"boundary, field: pd:{pd} gd:{gd}; the groups scored before the phase, in order: {field_scored}")
+    print(f"boundary, ours:  {sum(map(len, our_scored))} documents; the groups, in order: {our_scored}")
+    same_groups = [sorted(g) for g in field_scored] == [sorted(g) for g in our_scored]
+    print(f"the same groups in the same order: {same_groups} (within a group the documents score side by side)")
     print(f"trained, ours, in order: {our_trained} (lengths {[LENGTHS[d] for d in our_trained]})")
     same_stream = torch.equal(field_tokens, our_tokens)
     print(f"stream: field {field_tokens.numel()} tokens, ours {our_tokens.numel()}; identical: {same_stream}; "
@@ -260,32 +268,27 @@ def main() -> int:
     print(f"trained, field, in order: {field_trained}; the same as ours: {field_trained == our_trained}")
     twice = [i for i in junctions[0] if i and field_tokens[i - 1] == 1]
     print(f"BOS in the field's stream: {junctions[0]}; a BOS after a BOS (a junction) at {twice}")
-    ok = field_scored == our_scored and same_stream and field_trained == our_trained and len(our_trained) == gd
+    ok = same_groups and same_stream and field_trained == our_trained and len(our_trained) == gd
 
-    for chunk in (CHUNK, SEQ_LEN):
-        ours, theirs, lrs, rows, segments = updates(fr, field, h, field_tokens, chunk)
-        targets = field_tokens.numel() - 1
-        chunks = -(-targets // chunk)
-        field_lrs = [float(m[1]) for m in re.finditer(r"tttg: c\d+/\d+ lr:(\S+)", "\n".join(lines))]
-        print(f"-- GLOBAL_TTT_CHUNK_TOKENS={chunk}: {targets} targets, {chunks} chunks (the last untrained), "
-              f"{chunk // SEQ_LEN} rows of {SEQ_LEN} each, a rest of {chunk % SEQ_LEN} untrained")
-        print(f"   ours: rows per step {rows}; LR per chunk {[f'{lr:.6f}' for lr in lrs]}")
-        expected = [0.05 * 0.5 * (1 + math.cos(math.pi * c / (chunks - 1))) for c in range(chunks - 1)]
-        print(f"   field: steps {len(segments)} of {sorted({n for n, _ in segments})} tokens; LR per chunk "
-              f"{[f'{lr:.6f}' for lr in expected]} (its formula, l. 3409-3424)"
-              + (f"; its log in the TTT run: {field_lrs}" if chunk == CHUNK else ""))
-        print(f"   the field's segments (cu_seqlens) of its first step: {segments[0][1]}")
+    targets = field_tokens.numel() - 1
+    chunks = -(-targets // CHUNK)
+    print(f"SGD: {targets} targets, {chunks} chunks of {CHUNK} (the last untrained), each {CHUNK // SEQ_LEN} rows "
+          f"of {SEQ_LEN} and a rest of {CHUNK % SEQ_LEN} untrained")
+    for respect in (True, False):
+        ours, theirs, lrs, field_lrs, rows, segments = updates(fr, field, h, field_tokens, respect)
+        print(f"-- GLOBAL_TTT_RESPECT_DOC_BOUNDARIES={int(respect)} (contexts: "
+              f"{'documents, cut every row length from a start' if respect else 'rows, dense'})")
+        print(f"   LR per chunk, ours:  {[round(lr, 6) for lr in lrs]}")
+        print(f"   LR per chunk, field: {field_lrs}")
+        trained = sorted({n for n, _ in segments})
+        print(f"   field: {len(segments)} steps, of {trained} tokens; its first step's contexts: {segments[0][1]}")
+        print(f"   ours: {len(rows)} steps, rows (contexts) x length: {rows}")
         diff = max((ours[n] - theirs[n]).abs().max().item() for n in ours)
         size = max(theirs[n].abs().max().item() for n in theirs)
         worst = max(ours, key=lambda n: (ours[n] - theirs[n]).abs().max().item())
         print(f"   parameter updates: max |ours - field's| {diff:.3e} (at {worst}), max |field's| {size:.3e}, "
               f"ratio {diff / size:.2e}")
-        if chunk == SEQ_LEN:
-            ok &= diff <= 1e-5 * size
-            print("   one row a chunk: both cut attention at the row's start and at each BOS: float rounding only")
-        else:
-            print("   the difference: the field lays the rows end to end, cut at each BOS and every EVAL_SEQ_LEN "
-                  "from a document's start; ours cuts at each row's edge and each BOS")
+        ok &= diff <= 1e-5 * size and [round(lr, 6) for lr in lrs] == field_lrs
     print("conforms" if ok else "DIFFERS")
     return 0 if ok else 1
 

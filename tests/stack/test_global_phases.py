@@ -134,10 +134,10 @@ def test_score_first_with_phases_a_change_leaves_every_earlier_score(fr, lora_mo
 def test_global_ttt_is_sgd_with_momentum_clipping_epochs_and_a_cosine_over_the_chunks(fr, lora_model):
     """GLOBAL_TTT_EPOCHS, _MOMENTUM, _GRAD_CLIP and the cosine decay, against SGD written out by hand: chunk c of n
     (of 40 targets) trains at GLOBAL_TTT_LR * (1 + cos(pi c / (n - 1))) / 2 on its 2 whole rows of 16 (its last 8
-    targets not), EPOCHS steps, the gradient's global norm clipped, momentum without dampening; the last chunk is
-    not trained on."""
+    targets not; the rows as contexts, GLOBAL_TTT_RESPECT_DOC_BOUNDARIES=0), EPOCHS steps, the gradient's global
+    norm clipped, momentum without dampening; the last chunk is not trained on."""
     settings = dict(global_ttt_epochs=2, global_ttt_momentum=0.5, global_ttt_grad_clip=0.05, global_ttt_lr=0.05,
-                    global_ttt_chunk_tokens=40)
+                    global_ttt_chunk_tokens=40, global_ttt_respect_doc_boundaries=False)
     run = lora_run(fr, lora_model, **settings)
     hp = run.hp
     tokens = document_stream(fr).tokens[:4 * 40 + 20 + 1]
@@ -165,11 +165,26 @@ def test_global_ttt_is_sgd_with_momentum_clipping_epochs_and_a_cosine_over_the_c
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_a_phases_contexts_are_the_fields_cut_at_each_bos_and_every_row_from_a_documents_start(fr):
+    """The field's _build_cu_seqlens on 12 tokens, rows of 4: [0, 2, 6, 9, 12] (its output on CPU): a window that
+    starts inside a document, a document longer than a row. Each context is a row of its own, padded after its
+    end with targets -100, which the loss leaves out; two rows at least."""
+    window = torch.tensor([5, 6, 1, 7, 8, 9, 10, 11, 12, 1, 13, 14, 15])
+    x, y = fr.context_rows(window, 4)
+    assert x.tolist() == [[5, 6, 0, 0], [1, 7, 8, 9], [10, 11, 12, 0], [1, 13, 14, 0]]
+    assert y.tolist() == [[6, 1, -100, -100], [7, 8, 9, 10], [11, 12, 1, -100], [13, 14, 15, -100]]
+    x, y = fr.context_rows(torch.tensor([7, 8, 9, 10, 11]), 4)
+    assert x.tolist() == [[7, 8, 9, 10], [0, 0, 0, 0]] and y.tolist() == [[8, 9, 10, 11], [-100] * 4]
+
+
+@pytest.mark.parametrize("respect", [False, True])
 @pytest.mark.parametrize("rank, rows", [(0, [0]), (1, [1, 2])])
-def test_each_rank_trains_on_its_own_contiguous_rows_of_each_chunk(fr, lora_model, rank, rows):
+def test_each_rank_trains_on_its_own_contiguous_rows_of_each_chunk(fr, lora_model, rank, rows, respect):
     """Chunks of 56 targets: 3 rows of 16 (the last 8 targets untrained); of 2 ranks the first takes row 0, the
-    second rows 1 and 2 (the field's split), in every chunk but the last."""
-    run = lora_run(fr, lora_model, layout=fr.Layout(rank=rank, world_size=2), global_ttt_chunk_tokens=56)
+    second rows 1 and 2 (the field's split), in every chunk but the last: as rows, or as their contexts."""
+    layout = fr.Layout(rank=rank, world_size=2)
+    run = lora_run(fr, lora_model, layout=layout, global_ttt_chunk_tokens=56,
+                   global_ttt_respect_doc_boundaries=respect)
     seen = []
 
     def trainer(x, y):
@@ -180,9 +195,12 @@ def test_each_rank_trains_on_its_own_contiguous_rows_of_each_chunk(fr, lora_mode
     assert fr.global_ttt(run, tokens) == 4
     assert len(seen) == 3
     for c, (x, y) in enumerate(seen):
-        starts = [c * 56 + 16 * row for row in rows]
-        assert torch.equal(x, torch.stack([tokens[s:s + 16] for s in starts]).long())
-        assert torch.equal(y, torch.stack([tokens[s + 1:s + 17] for s in starts]).long())
+        window = tokens[c * 56 + 16 * rows[0]:c * 56 + 16 * (rows[-1] + 1) + 1].long()
+        if respect:
+            expected = fr.context_rows(window, 16)
+        else:
+            expected = window[:-1].view(-1, 16), window[1:].view(-1, 16)
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
 
 
 def test_priming_a_global_phase_runs_one_step_and_leaves_the_weights(fr, lora_model):
@@ -196,7 +214,7 @@ def test_priming_a_global_phase_runs_one_step_and_leaves_the_weights(fr, lora_mo
         return run.model(x, y)
     run.trainer = trainer
     fr.prime_ttt(run)
-    assert shapes == [(2, 16)], "one step on the first of two chunks of 32 tokens"
+    assert len(shapes) == 1 and shapes[0][1] == 16, "one step on the first of two chunks of 32 tokens"
     assert all(torch.equal(p, q) for p, q in zip(run.model.parameters(), lora_model.parameters()))
     assert all(p.grad is None and p.requires_grad for p in run.model.parameters())
 
