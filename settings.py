@@ -61,7 +61,9 @@ INSTEAD = dict(
 # Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
 FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
                "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
-               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
+               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR",
+               "ASYM_LOGIT_", "SMEAR_GATE_BOS_FIX", "COMPILE_SHAPE_WARMUP", "MIDRUN_CAP_", "MUON_HUBER_", "OPTROT_",
+               "QK_GAIN_SCHEDULE", "WORD_ORDER", "WORD_NORMALIZE")
 
 POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size",
             "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
