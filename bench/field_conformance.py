@@ -235,7 +235,9 @@ def compare_rope(field: Field, module) -> int:
     rotary = field.define({}, "Rotary")["Rotary"]
     wrong = 0
     for length in WINDOW_LENGTHS:
-        theirs = rotary(64, base=h.rope_base, train_seq_len=h.train_seq_len, rope_dims=h.rope_dims, yarn=h.rope_yarn)
+        # as the field's model builds it (head dim 64: 512 / 8)
+        theirs = rotary(64, base=h.rope_base, train_seq_len=h.train_seq_len, rope_dims=h.rope_dims,
+                        yarn=h.rope_yarn)
         cos, sin = theirs(length, torch.device("cpu"), torch.float32)  # (1, T, 1, rope_dims / 2)
         ours = module.rotary_cos_sin(length, h.rope_dims, h.rope_base)  # (1, 1, T, rope_dims / 2)
         equal = torch.equal(ours[0][0, 0], cos[0, :, 0]) and torch.equal(ours[1][0, 0], sin[0, :, 0])

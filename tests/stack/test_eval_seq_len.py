@@ -1,8 +1,8 @@
 """eval-seq-len (stack/eval-seq-len.diff), on the built frontier: windows that score longer (or shorter) than
 training (EVAL_SEQ_LEN, and LoRA TTT's TTT_EVAL_SEQ_LEN, apart as in the field), RoPE's tables to match, the
-validation split cut at EVAL_SEQ_LEN or, with EVAL_INCLUDE_TAIL=1, not cut. Every target is scored once, a change to a
-token moves no score before it, and a table long enough for scoring leaves training's numbers as they were. Off, the
-build computes what the core computes (tests/test_stack.py)."""
+validation split cut at EVAL_SEQ_LEN or, with EVAL_INCLUDE_TAIL=1, not cut. Every target is scored once, a change
+to a token moves no score before it, and a table long enough for scoring leaves training's numbers as they were.
+Off, the build computes what the core computes (tests/test_stack.py)."""
 
 import copy
 
@@ -83,7 +83,8 @@ def test_a_split_shorter_than_one_scoring_window_is_refused(fr, tmp_path):
     toy_split(tmp_path, 24)
     with pytest.raises(fr.ConfigError, match=r"holds 24 tokens, not one window of EVAL_SEQ_LEN=24 \+ 1: lower "
                                              r"EVAL_SEQ_LEN or build more validation data"):
-        fr.load_validation(split_hp(fr, tmp_path, **LONG, eval_include_tail=True), torch.ones(64, dtype=torch.int64))
+        hp = split_hp(fr, tmp_path, **LONG, eval_include_tail=True)
+        fr.load_validation(hp, torch.ones(64, dtype=torch.int64))
 
 
 # ---- sliding and plain windows ----
@@ -173,7 +174,7 @@ def ttt_losses(fr, run) -> dict:
     named by chunk_windows on the stream of indices, groups and chunks as lora_ttt takes them."""
     sums = fr.lora_ttt(run)
     hp, val = run.hp, run.val
-    index = torch.arange(val.tokens.numel())
+    indices = fr.Validation(torch.arange(val.tokens.numel()), torch.arange(val.tokens.numel()), 0)
     spans = sorted(fr.document_spans(val.tokens), key=lambda span: span[0] - span[1])
     positions = []
     for group in (spans[i:i + hp.ttt_batch_size] for i in range(0, len(spans), hp.ttt_batch_size)):
@@ -181,7 +182,7 @@ def ttt_losses(fr, run) -> dict:
         chunk = hp.ttt_chunk(longest + 1)
         for lo in range(0, longest, chunk):
             rows = sum(lo < b - a for a, b in group)
-            positions.append(fr.chunk_windows(fr.Validation(index, index, 0), group, lo, chunk, hp.ttt_window, rows)[1])
+            positions.append(fr.chunk_windows(indices, group, lo, chunk, hp.ttt_window, rows)[1])
     assert len(positions) == len(run.scorer.calls)
     found = {}
     for call, (targets, losses) in enumerate(zip(positions, run.scorer.calls)):
@@ -191,15 +192,25 @@ def ttt_losses(fr, run) -> dict:
     return sums, found
 
 
-def test_ttt_scores_every_target_once_in_windows_of_ttt_eval_seq_len(fr, long_model):
-    """Chunks of 5 in windows up to 24 (training's 16): widths min(lo + 5, 24), every target 1 .. 200 once, its
-    bytes counted."""
-    run = lora_run(fr, long_model, document_stream(fr))
+@pytest.mark.parametrize("split", ["documents", "cut", "tail"])
+def test_ttt_scores_every_target_once_in_windows_of_ttt_eval_seq_len(fr, tmp_path, long_model, split):
+    """Chunks of 5 in windows up to 24 (training's 16): every target of the split as loaded once (cut at 24, or
+    whole), its bytes counted; on the six documents, widths min(lo + 5, 24)."""
+    val = document_stream(fr)
+    if split != "documents":
+        toy_split(tmp_path, 24 * 5 + 13, seed=1)
+        hp = split_hp(fr, tmp_path, **LONG, eval_include_tail=split == "tail")
+        val = fr.load_validation(hp, torch.ones(64, dtype=torch.int64))._replace(batch_tokens=VAL_BATCH)
+    stop = val.tokens.numel() - 1
+    assert stop == {"documents": 200, "cut": 120, "tail": 132}[split]
+    run = lora_run(fr, long_model, val)
     sums, found = ttt_losses(fr, run)
-    assert sorted(found) == list(range(1, 201))
-    assert sums[1] == 200 and sums[2] == run.val.bytes[1:].sum()
+    assert sorted(found) == list(range(1, stop + 1))
+    assert sums[1] == stop and sums[2] == val.bytes[1:].sum()
     widths = [call.size(1) for call in run.scorer.calls]
-    assert max(widths) == 24 and widths[:6] == [5, 10, 15, 20, 24, 24]
+    assert max(widths) == 24
+    if split == "documents":
+        assert widths[:6] == [5, 10, 15, 20, 24, 24]
 
 
 def test_ttt_a_changed_token_moves_no_score_before_it(fr, long_model):
