@@ -94,12 +94,13 @@ def refused_names(environ, names):
         if name in names or (name, value) == ("TIE_EMBEDDINGS", "1"):
             continue
         typo = difflib.get_close_matches(name, names, 1, 0.9)
-        if name in INSTEAD:
-            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
-            refused.append(f"{name}={value}: {fix}")
-        elif name in stack:
+        # a setting the core retired may live on in a technique of the stack (EVAL_SEQ_LEN): that way first
+        if name in stack:
             refused.append(f"{name}={value}: a setting of the stack's {stack[name]} technique, not of the core: "
                            f"{BUILD_COMMAND} builds the trainer that has it (stack/README.md)")
+        elif name in INSTEAD:
+            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
+            refused.append(f"{name}={value}: {fix}")
         elif typo:
             refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
         elif name.startswith(FIELD_LACKS):
