@@ -139,8 +139,8 @@ def log_pace(log: Path, environ: dict):
     def elapsed(step):
         for (s0, t0), (s1, t1) in zip(points, points[1:]):
             if step <= s1:
-                return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
-        return points[-1][1] + (points[-1][1] - points[-2][1]) / (points[-1][0] - points[-2][0]) * (step - points[-1][0])
+                break
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)  # past the last step: the last stretch's pace
 
     switches = [round(s + 0.5) for s, _ in points[1:-1]]
     return (lambda step: elapsed(step + 1) - elapsed(step)), last, switches
