@@ -94,6 +94,9 @@ def test_a_resume_continues_the_length_and_the_re_warm(fr, as_run):
     assert (state.seq_len, state.rewarm_from, lines) == (2048, 489, [])
     state = fr.LoopState(step=520, elapsed_ms=0.15 * 596_000, seq_len=2048, rewarm_from=489)
     assert fr.seq_schedule(state, as_run, lines.append) == (2048, 1.0) and state.rewarm_from == -1
+    state = fr.LoopState(step=500, elapsed_ms=0.15 * 596_000, seq_len=2048, rewarm_from=489)
+    unwarmed = frontier_hp(fr, **dict(AS_RUN, seq_change_warmup_steps=0))
+    assert fr.seq_schedule(state, unwarmed, lines.append) == (2048, 1.0), "resumed with the re-warm off"
 
 
 def stream_loader(fr, world_size=1, rank=0, tokens=50_000, vocab=64):
