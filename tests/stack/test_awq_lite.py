@@ -101,8 +101,9 @@ def test_the_group_shares_the_gptq_solve(fr):
     # act order (diag H descending) is the columns' own order
     H = (x.T @ x + torch.diag(100.0 * torch.arange(128, 0, -1))).double()
     q, scale, fine_scale = fr.gptq_quantize(w, H, 6, sigmas=10.0, fine=[(96, 128)], fine_bits=8)
-    plain_q, plain_scale = fr.gptq_quantize(w, H, 6, sigmas=10.0)
+    plain_q, plain_scale, unused = fr.gptq_quantize(w, H, 6, sigmas=10.0)
     assert torch.equal(scale, plain_scale) and torch.equal(q[:, :96], plain_q[:, :96])
+    assert torch.equal(fine_scale, fr.quantize_rows(w, 8, 10.0)[1]) and torch.equal(unused, scale)
     assert not torch.equal(q[:, 96:], plain_q[:, 96:])
     first_q = fr.gptq_quantize(w, H, 6, sigmas=10.0, fine=[(0, 32)], fine_bits=8)[0]
     assert not torch.equal(first_q[:, 32:], plain_q[:, 32:]), "the finer group's errors feed the later columns"
