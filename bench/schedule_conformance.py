@@ -92,7 +92,10 @@ def field_loop(field: Field, environ: dict, pace_ms) -> tuple[list, list]:
 
 def our_loop(module, environ: dict, pace_ms) -> tuple[list, list, list]:
     """The same for the built frontier's train(): its steps, its log lines and training_shapes()."""
-    hp = module.Hyperparameters.from_env(environ, int(environ.get("WORLD_SIZE", 1)))
+    # the field always quantizes by GPTQ, keeping GPTQ_RESERVE_SECONDS of a cap; ours keeps it only with GPTQ=1
+    reserve = environ.get("GPTQ_RESERVE_SECONDS", "0") if float(environ["MAX_WALLCLOCK_SECONDS"]) else "0"
+    gptq = dict(GPTQ="1" if float(reserve) else "0", GPTQ_RESERVE_SECONDS=reserve)
+    hp = module.Hyperparameters.from_env({**environ, **gptq}, int(environ.get("WORLD_SIZE", 1)))
     clock = Clock()
     steps = []
     lines = []
