@@ -61,7 +61,9 @@ INSTEAD = dict(
 # Prefixes of the field's settings that train_gpt.py lacks: refused, never silently ignored.
 FIELD_LACKS = ("TTT_", "PHASED_TTT_", "GLOBAL_TTT_", "GATE", "ATTN_OUT_GATE", "SPARSE_ATTN_GATE_", "MTP_",
                "WD_TAPER", "EMBEDDING_DIM", "ROPE_", "PARALLEL_", "LQER_", "CASEOPS_", "FUSED_CE_", "SWA_",
-               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR")
+               "SLIDING_WINDOW_", "VAL_DOC_FRACTION", "PREQUANT_ONLY", "EVAL_ONLY", "VAL_FILES", "DATA_DIR",
+               "ASYM_LOGIT_", "SMEAR_GATE_BOS_FIX", "COMPILE_SHAPE_WARMUP", "MIDRUN_CAP_", "MUON_HUBER_", "OPTROT_",
+               "QK_GAIN_SCHEDULE", "WORD_ORDER", "WORD_NORMALIZE")
 
 POSITIVE = ("train_batch_tokens", "logit_softcap", "rope_base", "train_seq_len", "val_batch_size",
             "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult",
@@ -92,12 +94,13 @@ def refused_names(environ, names):
         if name in names or (name, value) == ("TIE_EMBEDDINGS", "1"):
             continue
         typo = difflib.get_close_matches(name, names, 1, 0.9)
-        if name in INSTEAD:
-            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
-            refused.append(f"{name}={value}: {fix}")
-        elif name in stack:
+        # a setting the core retired may live on in a technique of the stack (EVAL_SEQ_LEN): that way first
+        if name in stack:
             refused.append(f"{name}={value}: a setting of the stack's {stack[name]} technique, not of the core: "
                            f"{BUILD_COMMAND} builds the trainer that has it (stack/README.md)")
+        elif name in INSTEAD:
+            fix = f"use {INSTEAD[name]}" if INSTEAD[name] else "retired (docs/CHANGELOG.md)"
+            refused.append(f"{name}={value}: {fix}")
         elif typo:
             refused.append(f"{name}={value}: not a setting; did you mean {typo[0]}?")
         elif name.startswith(FIELD_LACKS):
