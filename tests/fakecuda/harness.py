@@ -13,6 +13,8 @@ Stages, each the script's own functions, in main()'s order, on a tiny byte-level
   train_step   one step of train(): loader (pin_memory, non_blocking), 8 micro-steps fwd+bwd under bf16
                autocast, Muon (compiled Newton-Schulz) and fused AdamW
   eval         score() on the validation split (the plain pass; EVAL_STRIDE adds a sliding pass)
+  ttt_phase    with TTT_ENABLED=1 PHASED_TTT_ENABLED=1 (the stack's global-phases): global_ttt() on 3 chunks of
+               random documents, its 2 trained chunks with different numbers of contexts (one compiled graph)
 The first failure is printed with its traceback (exit status 1); --keep-going runs the stages after it.
 """
 from __future__ import annotations
@@ -242,8 +244,22 @@ def main(argv=None):
             out.append(f"{'sliding' if sliding else 'plain'}: sums {describe(sums)}")
         return "; ".join(out)
 
+    def ttt_phase():
+        run, hp = ctx["run"], ctx["run"].hp
+        if not (getattr(hp, "phased_ttt_enabled", False) and hp.ttt_enabled):
+            return "off (TTT_ENABLED=1 PHASED_TTT_ENABLED=1 with the stack's global-phases run it)"
+        g = torch.Generator().manual_seed(0)
+        chunk = hp.global_ttt_chunk_tokens
+        tokens = torch.randint(2, hp.vocab_size, (3 * chunk + 1,), generator=g)
+        # documents of random lengths: each chunk its own number of contexts
+        tokens[torch.randint(0, 3 * chunk, (3 * chunk // 200,), generator=g)] = tg.BOS_ID
+        graphs, kernels = tg.compiled_graphs(), fakecuda.KERNELS.copy()
+        chunks = tg.global_ttt(run, tokens)
+        return (f"chunks: {chunks} ({chunks - 1} trained); graphs compiled for them: {tg.compiled_graphs() - graphs}"
+                f"\n    CUDA kernels checked: {dict(fakecuda.KERNELS - kernels)}")
+
     stages = [("setup", setup), ("start", start), ("build_model", build_model), ("warmup", warmup),
-              ("train_step", train_step), ("eval", evaluate)]
+              ("train_step", train_step), ("eval", evaluate), ("ttt_phase", ttt_phase)]
     failed = []
     with mode:
         for name, stage in stages:

@@ -25,3 +25,5 @@ def test_the_frontier_traces_on_fake_cuda_as_rank_3_of_8(frontier_script):
     assert "trainer: DistributedDataParallel" in out.stdout, "DDP wraps the compiled model"
     assert "_flash_attention_forward" in out.stdout, "attention within documents runs varlen flash attention"
     assert "compiled: [('GPT', 'aot_eager'), ('muon_update', 'aot_eager')]" in out.stdout
+    # a global phase's chunks, each with its own number of contexts: one graph (the row count is dynamic)
+    assert "chunks: 3 (2 trained); graphs compiled for them: 1" in out.stdout, out.stdout[-2000:]

@@ -258,3 +258,22 @@ def test_windows_too_short_for_what_they_score_are_refused(fr, settings, message
     base = dict(TRAIN_SEQ_LEN="16", TRAIN_BATCH_TOKENS="128", VAL_BATCH_SIZE="128")
     with pytest.raises(fr.ConfigError, match=message):
         fr.Hyperparameters.from_env(dict(base, **settings))
+
+
+def test_a_global_phase_trains_rows_of_eval_seq_len(fr):
+    """The field's global SGD cuts its chunks into rows of EVAL_SEQ_LEN (global-phases' score_seq_len): trained at
+    16 and scored at 32, a chunk of 72 targets is 2 rows of 32 and a rest of 8; at 4 ranks a chunk must hold 4 rows
+    of that length."""
+    hp = frontier_all_on(fr, train_seq_len=16, eval_seq_len=32, phased_ttt_enabled=True, global_ttt_chunk_tokens=72,
+                         global_ttt_respect_doc_boundaries=False)
+    torch.manual_seed(0)
+    model = fr.GPT(hp)
+    fr.rope_positions(model, hp)
+    run = fr.Run(hp, fr.Layout(), None, b"")
+    run.model = model
+    shapes = []
+    run.trainer = lambda x, y: shapes.append(tuple(x.shape)) or model(x, y)
+    tokens = torch.randint(2, 64, (3 * 72 + 1,))
+    assert fr.global_ttt(run, tokens) == 3 and shapes == [(2, 32), (2, 32)]
+    with pytest.raises(fr.ConfigError, match=r"GLOBAL_TTT_CHUNK_TOKENS=72: under 4 x 32"):
+        hp.validate(world_size=4)
