@@ -51,7 +51,7 @@ RECORD = dict(VOCAB_SIZE="1024", WARMUP_STEPS="1", ITERATIONS="2", VAL_LOSS_EVER
 BYTE_OFFSET = 4  # ids 0..3 are control (BOS_ID = 1), 4..259 the bytes
 
 
-def write_data(root: Path, vocab_size: int):
+def write_data(root: Path, vocab_size: int, val_tokens: int = 2_500):
     """A byte tokenizer (.json) and train/val shards of ASCII documents, each starting with BOS."""
     rng = np.random.default_rng(0)
     words = [bytes(rng.integers(97, 123, size=int(rng.integers(1, 9)))) for _ in range(300)]
@@ -65,7 +65,7 @@ def write_data(root: Path, vocab_size: int):
 
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
-    for name, n in (("fineweb_train_000000.bin", 200_000), ("fineweb_val_000000.bin", 2_500)):
+    for name, n in (("fineweb_train_000000.bin", 200_000), ("fineweb_val_000000.bin", val_tokens)):
         tokens = stream(n)
         header = np.zeros(256, dtype="<i4")
         header[:3] = (20240520, 1, len(tokens))
@@ -160,7 +160,8 @@ def main(argv=None):
     work = Path(tempfile.mkdtemp(prefix="fakecuda_run_"))
     settings = dict(RECORD if args.record else TINY)
     settings.update(s.split("=", 1) for s in args.settings)
-    data, tok = write_data(work, int(settings["VOCAB_SIZE"]))
+    # --record: validation for a few windows of the longest scoring length a record runs (3,072)
+    data, tok = write_data(work, int(settings["VOCAB_SIZE"]), 20_000 if args.record else 2_500)
     settings.update(DATA_PATH=str(data), TOKENIZER_PATH=str(tok), ARTIFACT_DIR=str(work / "logs"),
                     CHECKPOINT_DIR=str(work / "ckpt"), RUN_ID="fakecuda", DEVICE="cuda",
                     COMPILE="0" if args.eager else settings.get("COMPILE", "auto"))
