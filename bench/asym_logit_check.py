@@ -51,9 +51,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     return out
 
 
-def import_field(script: Path):
-    """The field's train_gpt.py as a module: Triton's kernels defined but never run, FA3 by SDPA."""
-    os.environ.update({key: str(value) for key, value in TINY.items()})
+def import_field(script: Path, environ: dict):
+    """The field's train_gpt.py as a module, its settings read from `environ` (its Hyperparameters reads them as
+    the file is imported): Triton's kernels defined but never run, FA3 by SDPA, BOS_ID 1 (set at its startup)."""
+    os.environ.update({key: str(value) for key, value in environ.items()})
     triton, language, tools, descriptor = (types.ModuleType(name) for name in
                                            ("triton", "triton.language", "triton.tools",
                                             "triton.tools.tensor_descriptor"))
@@ -79,6 +80,7 @@ def import_field(script: Path):
         torch.compile = compile_
         for name in stubs:
             sys.modules.pop(name)
+    module.BOS_ID = 1
     return module
 
 
@@ -86,8 +88,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--field", type=Path, required=True, help="a folder holding a field record's train_gpt.py")
     args = parser.parse_args()
-    field = import_field(args.field / "train_gpt.py")
-    field.BOS_ID = 1  # the field's files set it from the tokenizer at startup
+    field = import_field(args.field / "train_gpt.py", TINY)
     h = field.Hyperparameters()
     torch.manual_seed(0)
     model = field.GPT(h)

@@ -22,13 +22,9 @@ of the largest update).
 import argparse
 import copy
 import glob
-import importlib.util
-import math
 import os
 import re
 import sys
-import tempfile
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,8 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
-import build_trainer  # noqa: E402
-from asym_logit_check import attention, varlen_attention  # noqa: E402
+from asym_logit_check import import_field  # noqa: E402
+from field_conformance import frontier  # noqa: E402
 
 SEQ_LEN = 32  # the scoring window: the field's EVAL_SEQ_LEN and TTT_EVAL_SEQ_LEN, our TRAIN_SEQ_LEN
 CHUNK = 72  # GLOBAL_TTT_CHUNK_TOKENS: 2 rows of 32 and a rest of 8 (32,768 at 3,072: 10 rows, a rest of 2,048)
@@ -82,49 +78,6 @@ def documents_of(trained, tokens, starts):
         else:
             return found + ["?"]
     return found
-
-
-def import_field(script: Path):
-    """The field's train_gpt.py as a module on CPU: Triton stubbed (kept off), FA3 by SDPA."""
-    os.environ.update({key: str(value) for key, value in {**FIELD, **PHASE}.items()})
-    triton, language, tools, descriptor = (types.ModuleType(name) for name in
-                                           ("triton", "triton.language", "triton.tools",
-                                            "triton.tools.tensor_descriptor"))
-    triton.jit = lambda fn=None, **_: fn if fn is not None else (lambda f: f)
-    triton.cdiv = lambda a, b: -(-a // b)
-    language.constexpr = object
-    descriptor.TensorDescriptor = object
-    triton.language, triton.tools, tools.tensor_descriptor = language, tools, descriptor
-    stubs = {"triton": triton, "triton.language": language, "triton.tools": tools,
-             "triton.tools.tensor_descriptor": descriptor}
-    flash = types.ModuleType("flash_attn_interface")
-    flash.flash_attn_func = lambda q, k, v, causal=True, **_: attention(q, k, v)
-    flash.flash_attn_varlen_func = varlen_attention
-    sys.modules.update(stubs, flash_attn_interface=flash)
-    sys.path.insert(0, str(script.parent))  # #2135 imports its n-gram helper from its folder
-    spec = importlib.util.spec_from_file_location("field_train_gpt", script)
-    module = importlib.util.module_from_spec(spec)
-    compile_ = torch.compile
-    torch.compile = lambda fn=None, **_: fn if fn is not None else (lambda f: f)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        torch.compile = compile_
-        for name in stubs:
-            sys.modules.pop(name)
-    module.BOS_ID = 1
-    return module
-
-
-def frontier():
-    """The built frontier imported from a temporary folder."""
-    script = Path(tempfile.mkdtemp(prefix="phase_conformance_")) / "train_gpt.py"
-    script.write_bytes(build_trainer.build(build_trainer.Tree(ROOT)))
-    spec = importlib.util.spec_from_file_location("train_gpt_frontier", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class Segments(torch.nn.Module):
@@ -248,7 +201,7 @@ def main() -> int:
     parser.add_argument("--field", type=Path, required=True, help="a folder holding a field record's train_gpt.py")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    field = import_field(args.field / "train_gpt.py")
+    field = import_field(args.field / "train_gpt.py", {**FIELD, **PHASE})
     fr = frontier()
     tokens, starts = stream()
     print(f"stream: {len(LENGTHS)} documents, {tokens.numel()} tokens; TTT_BATCH_SIZE={BATCH} "
