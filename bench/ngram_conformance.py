@@ -17,10 +17,8 @@ and as many others, the field's apply_tilt_to_ptl_torch_fast against our tilt, e
 """
 
 import argparse
-import importlib.util
 import io
 import sys
-import tempfile
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -31,7 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import build_trainer  # noqa: E402
+from field_conformance import frontier  # noqa: E402  (the built frontier, imported)
 
 ORDER = 16
 THRESHOLD = 0.8
@@ -42,18 +40,6 @@ SOTU_VAL = ROOT / "data" / "datasets" / "sotu_sp8192" / "fineweb_val_000000.bin"
 # the field's context key (online_ngram_state.c): XOR over the ring, oldest first, of token * these
 FIELD_KEY_COEFFS = np.array([36313, 27191, 51647, 81929, 131071, 196613, 262147, 393241, 524309, 655373, 786433,
                              917521, 1048583, 1179653, 1310729, 1441801], dtype=np.uint64)
-
-
-def frontier():
-    """The built frontier (tools/build_trainer.py), imported from a temporary folder."""
-    folder = Path(tempfile.mkdtemp(prefix="ngram_conformance_"))
-    script = folder / "train_gpt.py"
-    script.write_bytes(build_trainer.build(build_trainer.Tree(ROOT)))
-    spec = importlib.util.spec_from_file_location("train_gpt_frontier", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def synthetic_stream(length: int, seed: int = 0) -> np.ndarray:
